@@ -1,0 +1,239 @@
+"""The capture handler: sees every Inductor graph, writes its wrapper and metadata, and snapshots the
+inputs and outputs of its first real call (research note inductor-hooks.md §4)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import torch
+
+from tilesmith import environment, source
+from tilesmith.capture import tensors
+from tilesmith.runtime import hook
+from tilesmith.workspace import DATA_FILE, GRAPH_FILE, WRAPPER_FILE, GraphInfo, graph_dir, write_json
+
+_KIND_RX = re.compile(r"^# AOT ID: \['\d+_(\w+)'\]", re.M)
+
+
+def count_kernels(src: str) -> dict:
+    """Kernels by kind, read from the wrapper text."""
+    return {
+        "triton": len(re.findall(r"async_compile\.triton\(\s*'triton_(?!tem_)", src)),
+        "template": len(re.findall(r"async_compile\.triton\(\s*'triton_tem_", src))
+        + len(re.findall(r"async_compile\.cuda\(", src)),
+        "cpp": len(re.findall(r"async_compile\.cpp(?:_pybinding)?\(", src)),
+        "extern": len(re.findall(r"\bextern_kernels\.\w+\(", src)) + len(re.findall(r"\btorch\.ops\.\w+\.\w+", src)),
+    }
+
+
+class CaptureSession:
+    """Collects graphs into `ws_path/graphs/`; `graphs` maps key -> GraphInfo."""
+
+    def __init__(self, ws_path: Path, max_input_bytes: int, on_graph=None):
+        self.ws_path = Path(ws_path)
+        self.max_input_bytes = max_input_bytes
+        self.on_graph = on_graph or (lambda info: None)
+        self.env = environment.fingerprint()
+        self.graphs: dict[str, GraphInfo] = {}
+        self._lock = threading.Lock()
+        self._stored_bytes = 0
+        self._seen_storages: set[tuple] = set()
+        self._cache_dirs = _cache_dirs()
+
+    # -- the post_compile handler ------------------------------------------------------------
+    def __call__(self, pc: hook.PostCompile):
+        g = pc.graph
+        src = getattr(g, "source_code", None)
+        if not src or getattr(g, "current_callable", None) is None:
+            return None
+        canon = source.canonicalize(src, self._cache_dirs)
+        key = source.graph_key(canon, self.env)
+        with self._lock:
+            if key in self.graphs:  # the same graph again (recompile to identical code): capture once
+                self.graphs[key].seen += 1
+                return None
+            info = self._describe(g, pc, canon, key)
+            self.graphs[key] = info
+        gdir = graph_dir(self.ws_path, key)
+        gdir.mkdir(parents=True, exist_ok=True)
+        fx = getattr(g, "inductor_post_grad_graph_str", None) or "(FX program not available)"
+        (gdir / WRAPPER_FILE).write_text(source.add_header(fx, canon))
+        meta = self._graph_meta(g, pc, info)
+        write_json(gdir / GRAPH_FILE, meta)
+        self._wrap_first_call(g, info, gdir, meta)
+
+        def after():  # cudagraphs is decided inside Inductor's post_compile
+            cg = pc.graph_kwargs.get("cudagraphs")
+            info.compile_mode = "cudagraphs" if cg is not None and bool(cg) else "plain"
+            meta["compile_mode"] = info.compile_mode
+            write_json(gdir / GRAPH_FILE, meta)
+            self.on_graph(info)
+
+        return after
+
+    def _describe(self, g, pc, canon: str, key: str) -> GraphInfo:
+        fxk = getattr(g, "fx_kwargs", None) or {}
+        m = _KIND_RX.search(g.source_code)
+        if pc.graph_kwargs.get("is_backward", fxk.get("is_backward")):
+            kind = "backward"
+        elif fxk.get("is_inference") or (m and m.group(1) == "inference"):
+            kind = "inference"
+        else:
+            kind = m.group(1) if m and m.group(1) in ("forward", "backward") else "forward"
+        devices = sorted(f"{t}:{i}" if t != "cpu" else "cpu"
+                         for t in (getattr(g, "device_types", None) or set())
+                         for i in ((getattr(g, "device_idxs", None) or {0}) if t != "cpu" else {0}))
+        info = GraphInfo(key=key, kind=kind, device="+".join(sorted(set(devices))) or "cpu", compile_mode="plain",
+                         kernels=count_kernels(canon), eligible=True,
+                         fx_graph_cache_key=getattr(g, "_fx_graph_cache_key", None) or "")
+        reason = self._static_ineligibility(g, pc, info)
+        if reason:
+            info.eligible, info.reason = False, reason
+        return info
+
+    def _static_ineligibility(self, g, pc, info: GraphInfo) -> str:
+        fx = getattr(g, "inductor_post_grad_graph_str", "") or ""
+        if "Sym(" in fx or any(isinstance(x, torch.SymInt) for x in (pc.example_inputs or ())) or getattr(g, "guards_expr", None):
+            return "dynamic shapes (symbolic sizes): only static-shape graphs are optimized"
+        if "+" in info.device:
+            return f"several devices ({info.device}): only single-device graphs are optimized"
+        if getattr(g, "mutated_input_idxs", None):
+            names = ", ".join(sorted(getattr(g, "mutated_inputs", None) or [])) or "some inputs"
+            return f"mutates its inputs ({names}): not optimized yet"
+        if getattr(g, "frozen_param_names", None) and any(
+            getattr(t, "is_mkldnn", False) for t in _constants(g, pc).values() if isinstance(t, torch.Tensor)
+        ):
+            return "frozen mkldnn weights cannot be stored and replayed"
+        if not any(info.kernels.values()):
+            return "no kernels or library calls: nothing to optimize"
+        return ""
+
+    def _graph_meta(self, g, pc, info: GraphInfo) -> dict:
+        consts = _constants(g, pc)
+        return {
+            "key": info.key,
+            "kind": info.kind,
+            "device": info.device,
+            "compile_mode": info.compile_mode,
+            "kernels": info.kernels,
+            "eligible": info.eligible,
+            "reason": info.reason,
+            "mutated_inputs": sorted(getattr(g, "mutated_input_idxs", None) or []),
+            "constants": {k: tensors.describe(v, i) for i, (k, v) in enumerate(consts.items())
+                          if isinstance(v, torch.Tensor)},
+            "fx_graph_cache_key": info.fx_graph_cache_key,
+            "environment": self.env,
+            "inputs": None,
+            "outputs": None,
+            "data_stored": False,
+            "data_note": "the graph was not called during the script",
+        }
+
+    # -- first real call ----------------------------------------------------------------------
+    def _wrap_first_call(self, g, info: GraphInfo, gdir: Path, meta: dict) -> None:
+        inner = g.current_callable
+        state = {"done": False}
+        lock = threading.Lock()
+        session = self
+
+        def first_call(args):
+            if state["done"]:
+                return inner(args)
+            with lock:
+                if state["done"]:
+                    return inner(args)
+                state["done"] = True
+                try:
+                    saved = [tensors.snapshot(a) if isinstance(a, torch.Tensor) else a for a in args]
+                    refs = list(args)  # call() does args.clear()
+                    rng = _rng_state(refs)
+                except Exception as e:  # never break the user's program over a capture problem
+                    session._mark(info, meta, gdir, f"could not snapshot inputs: {e!r}")
+                    return inner(args)
+            out = inner(args)
+            try:
+                session._store_first_call(g, info, gdir, meta, refs, saved, rng, out)
+            except Exception as e:
+                session._mark(info, meta, gdir, f"could not store the first call: {e!r}")
+            return out
+
+        first_call.__name__ = "call"
+        g.current_callable = first_call
+
+    def _store_first_call(self, g, info, gdir, meta, refs, saved, rng, out) -> None:
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        meta["inputs"] = [tensors.describe(a, i) for i, a in enumerate(refs)]
+        meta["outputs"] = [tensors.describe(o, i) for i, o in enumerate(outs)]
+        if any(isinstance(a, int) and not isinstance(a, bool) for a in refs) and info.eligible:
+            info.eligible, info.reason = False, "dynamic shapes (integer size arguments): only static-shape graphs are optimized"
+        new_bytes = 0
+        storages = set()
+        for a in refs:
+            if isinstance(a, torch.Tensor):
+                sid = (a.untyped_storage().data_ptr(), str(a.device))
+                if sid not in self._seen_storages and sid not in storages:
+                    storages.add(sid)
+                    new_bytes += tensors.nbytes(a)
+        with self._lock:
+            over = self._stored_bytes + new_bytes > self.max_input_bytes
+            if not over:
+                self._stored_bytes += new_bytes
+                self._seen_storages |= storages
+        if over:
+            self._mark(info, meta, gdir, f"inputs not stored: over the --max-input-bytes budget "
+                                         f"({self.max_input_bytes} bytes); metadata only")
+            return
+        data = {
+            "inputs": saved,
+            "outputs": [tensors.snapshot(o) if isinstance(o, torch.Tensor) else o for o in outs],
+            "constants": {k: v for k, v in _constants(g, None).items() if isinstance(v, torch.Tensor)},
+            "rng": rng,
+        }
+        tmp = gdir / (DATA_FILE + ".tmp")
+        torch.save(data, tmp)
+        tmp.replace(gdir / DATA_FILE)
+        info.data_stored = True
+        meta.update(data_stored=True, data_note="", eligible=info.eligible, reason=info.reason)
+        write_json(gdir / GRAPH_FILE, meta)
+
+    def _mark(self, info, meta, gdir, note: str) -> None:
+        info.data_stored = False
+        if info.eligible:
+            info.eligible, info.reason = False, note
+        meta.update(data_stored=False, data_note=note, eligible=info.eligible, reason=info.reason)
+        write_json(gdir / GRAPH_FILE, meta)
+
+
+def _constants(g, pc) -> dict:
+    """The module globals Inductor injects into the wrapper (constants, frozen params)."""
+    consts = getattr(pc, "constants", None) if pc is not None else None
+    if consts is None:
+        consts = getattr(g, "_tilesmith_constants", None)
+    if consts is None:
+        return dict(getattr(g, "constants", None) or {})
+    try:
+        unwrapped = consts.unwrap(g)
+    except Exception:
+        unwrapped = dict(getattr(g, "constants", None) or {})
+    g._tilesmith_constants = consts
+    return dict(unwrapped)
+
+
+def _rng_state(refs) -> dict:
+    rng = {"cpu": torch.get_rng_state()}
+    for a in refs:
+        if isinstance(a, torch.Tensor) and a.device.type == "cuda":
+            idx = a.device.index or 0
+            rng.setdefault(f"cuda:{idx}", torch.cuda.get_rng_state(idx))
+    return rng
+
+
+def _cache_dirs() -> tuple[str, ...]:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        return (default_cache_dir(),)
+    except Exception:
+        return ()

@@ -1,0 +1,76 @@
+"""Load a captured graph in a fresh process: its wrapper module (with constants) and its data.
+
+Used by replay and the gate's workers; never in the process that decides (it executes wrapper code).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tilesmith import source
+from tilesmith.errors import TilesmithError
+from tilesmith.workspace import DATA_FILE, WRAPPER_FILE, load_graph_json
+
+
+@dataclass
+class GraphData:
+    """The first real call of a graph: inputs, outputs, constants and the RNG state before it."""
+
+    meta: dict
+    inputs: list
+    outputs: list
+    constants: dict
+    rng: dict
+
+
+def load_graph_data(gdir: Path | str, device_map=None) -> GraphData:
+    """Read graph.json and data.pt; raises TilesmithError when the data was not stored."""
+    gdir = Path(gdir)
+    meta = load_graph_json(gdir)
+    f = gdir / DATA_FILE
+    if not f.exists():
+        raise TilesmithError(f"{gdir.name[:12]}: no stored inputs ({meta.get('data_note') or 'data.pt missing'})",
+                             code="no-data", hint="capture again (raise --max-input-bytes if the budget was hit)")
+    try:
+        data = torch.load(f, map_location=device_map, weights_only=False)
+    except Exception as e:
+        raise TilesmithError(f"{f} is unreadable: {e}", code="corrupt-graph", hint="capture again") from None
+    return GraphData(meta, data["inputs"], data["outputs"], data.get("constants", {}), data.get("rng", {}))
+
+
+def load_module(text: str, constants: dict):
+    """Exec wrapper source (FX header allowed) as a fresh module with `constants` as globals.
+
+    Goes through Inductor's PyCodeCache like Inductor itself, so kernels compile the same way.
+    """
+    from torch._inductor.codecache import PyCodeCache
+
+    _, src = source.split_header(text)
+    key, path = PyCodeCache.write(src)
+    # attrs given (even {}) means a fresh module object per load; positional: 2.11 has no set_sys_modules.
+    mod = PyCodeCache.load_by_key_path(key, path, None, dict(constants))
+    if not callable(getattr(mod, "call", None)):
+        raise TilesmithError("the wrapper defines no call(args)", code="no-call")
+    return mod
+
+
+def load_wrapper(gdir: Path | str, constants: dict):
+    return load_module((Path(gdir) / WRAPPER_FILE).read_text(), constants)
+
+
+def restore_rng(rng: dict) -> None:
+    for dev, state in rng.items():
+        if dev == "cpu":
+            torch.set_rng_state(state)
+        elif torch.cuda.is_available():
+            torch.cuda.set_rng_state(state, int(dev.split(":")[1]))
+
+
+def clone_args(inputs: list) -> list:
+    """A fresh list of exact-layout copies: call() clears its list and may keep references."""
+    from tilesmith.capture.tensors import snapshot
+
+    return [snapshot(x) if isinstance(x, torch.Tensor) else x for x in inputs]

@@ -1,0 +1,84 @@
+"""`replay`: load a captured wrapper in a fresh process, call it on the captured inputs, compare with
+the captured outputs. Proves a workspace is complete enough for the gate to use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tilesmith.errors import TilesmithError
+from tilesmith.workspace import load_graph_json
+
+
+@dataclass
+class ReplayResult:
+    key: str
+    ok: bool
+    bitwise: bool = False
+    max_abs_error: float = 0.0
+    outputs: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def replay(graph_dir: str | Path, *, timeout_s: float = 600.0, atol: float = 1e-5) -> ReplayResult:
+    """Replay one captured graph in a subprocess; `ok` when every output matches within `atol`."""
+    gdir = Path(graph_dir)
+    meta = load_graph_json(gdir)
+    cmd = [sys.executable, "-m", "tilesmith.replay", str(gdir), str(atol)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return ReplayResult(meta["key"], False, problems=[f"replay did not finish in {timeout_s:.0f} s"])
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        raise TilesmithError(f"replay of {meta['key'][:12]} failed (exit {p.returncode}): " + " | ".join(tail),
+                             code="replay-failed", hint="run `python -m tilesmith.replay GRAPH_DIR` to see the whole error")
+    return ReplayResult(**json.loads(lines[-1]))
+
+
+def _main(gdir: str, atol: float) -> dict:
+    import torch
+
+    from tilesmith import loading
+
+    data = loading.load_graph_data(gdir)
+    mod = loading.load_wrapper(gdir, data.constants)
+    args = loading.clone_args(data.inputs)
+    loading.restore_rng(data.rng)
+    with torch.no_grad():
+        out = mod.call(args)
+    out = list(out) if isinstance(out, (list, tuple)) else [out]
+    problems, bitwise, max_err = [], True, 0.0
+    if len(out) != len(data.outputs):
+        problems.append(f"{len(out)} outputs, captured {len(data.outputs)}")
+    for i, (a, b) in enumerate(zip(out, data.outputs)):
+        if not isinstance(b, torch.Tensor):
+            if a != b:
+                problems.append(f"output {i}: {a!r} != {b!r}")
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype or a.stride() != b.stride():
+            problems.append(f"output {i}: layout {tuple(a.shape)}/{a.stride()}/{a.dtype} != captured "
+                            f"{tuple(b.shape)}/{b.stride()}/{b.dtype}")
+            continue
+        b = b.to(a.device)
+        same = torch.equal(a, b) or (a.dtype.is_floating_point and torch.equal(a.isnan(), b.isnan())
+                                      and torch.equal(a.nan_to_num(), b.nan_to_num()))
+        bitwise &= same
+        if not same:
+            err = (a.double() - b.double()).abs().nan_to_num(float("inf")).max().item() if a.numel() else 0.0
+            max_err = max(max_err, err)
+            if err > atol:
+                problems.append(f"output {i}: max abs error {err:.3g} > {atol:g}")
+    return {"key": data.meta["key"], "ok": not problems, "bitwise": bitwise and not problems,
+            "max_abs_error": max_err, "outputs": len(out), "problems": problems}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 1e-5)))
