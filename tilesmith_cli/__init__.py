@@ -1,0 +1,1 @@
+"""The `tilesmith` command line: a client of the tilesmith library."""

@@ -1,0 +1,21 @@
+"""The typer app: registration only; each command lives in tilesmith_cli/commands/<name>.py."""
+
+from __future__ import annotations
+
+import typer
+
+from tilesmith_cli.commands import capture, replay
+
+app = typer.Typer(
+    name="tilesmith",
+    help="Make the code TorchInductor generates faster, with proof.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("capture", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(capture.capture)
+app.command("replay")(replay.replay)
+
+
+def main() -> None:
+    app()

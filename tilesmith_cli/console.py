@@ -1,0 +1,71 @@
+"""Rendering and the one error boundary: `error: ...` + dim `hint: ...` (or JSON), exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from dataclasses import asdict, is_dataclass
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tilesmith.errors import TilesmithError
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def to_jsonable(obj):
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if is_dataclass(obj):
+        return asdict(obj)
+    return obj
+
+
+def print_json(obj) -> None:
+    # Plain print (not rich) so JSON stays byte-exact for machines.
+    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, default=str) + "\n")
+
+
+def fail(e: TilesmithError, as_json: bool = False) -> None:
+    """Print a user error and exit 1."""
+    if as_json:
+        print_json(e.to_dict())
+    else:
+        err.print(f"[red]error:[/red] {e.message}", markup=True)
+        if e.hint:
+            err.print(f"[dim]hint: {e.hint}[/dim]", markup=True)
+    raise typer.Exit(1)
+
+
+def table(title: str | None, columns: list[str], rows: list[list]) -> Table:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*[("" if v is None else str(v)) for v in r])
+    return t
+
+
+def run_guarded(fn, as_json: bool = False):
+    """Call `fn`; TilesmithError -> exit 1 with hint; Ctrl-C -> 130; anything else -> one line + exit 1."""
+    try:
+        return fn()
+    except TilesmithError as e:
+        fail(e, as_json)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/yellow]: what was confirmed is saved", markup=True)
+        raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort, SystemExit):
+        raise
+    except Exception as e:  # a bug of ours: one line, the traceback on request
+        if os.environ.get("TILESMITH_DEBUG"):
+            traceback.print_exc()
+        else:
+            err.print(f"[red]error:[/red] unexpected {type(e).__name__}: {e}", markup=True)
+            err.print("[dim]hint: set TILESMITH_DEBUG=1 for the traceback[/dim]", markup=True)
+        raise typer.Exit(1) from None
