@@ -19,3 +19,7 @@ app.command("replay")(replay.replay)
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

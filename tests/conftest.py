@@ -1,0 +1,53 @@
+"""Shared fixtures: TILESMITH_HOME in a temp folder for every test; captured example workspaces."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(autouse=True)
+def tilesmith_home(tmp_path, monkeypatch):
+    home = tmp_path / "tilesmith-home"
+    monkeypatch.setenv("TILESMITH_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def inductor_cache(tmp_path_factory):
+    """One Inductor cache for the whole session, so each example compiles once."""
+    d = tmp_path_factory.mktemp("inductor-cache")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
+    return d
+
+
+def run_capture_subprocess(script: Path, ws: Path, *args: str, env: dict | None = None, timeout: int = 600):
+    """Capture in a fresh interpreter (Dynamo state never leaks between tests)."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "tilesmith_cli.app", "capture", str(script), "-w", str(ws), "--force", "--json"]
+    if args:
+        cmd += ["--", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="session")
+def training_ws(tmp_path_factory, inductor_cache):
+    ws = tmp_path_factory.mktemp("ws-training") / "ws"
+    p = run_capture_subprocess(EXAMPLES / "training.py", ws, "--steps", "1")
+    assert p.returncode == 0, p.stderr
+    return ws
+
+
+@pytest.fixture(scope="session")
+def inference_ws(tmp_path_factory, inductor_cache):
+    ws = tmp_path_factory.mktemp("ws-inference") / "ws"
+    p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--steps", "1")
+    assert p.returncode == 0, p.stderr
+    return ws
