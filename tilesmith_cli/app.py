@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from tilesmith_cli.commands import capture, replay
+from tilesmith_cli.commands import install, installed, submit, uninstall
 
 app = typer.Typer(
     name="tilesmith",
@@ -15,6 +16,10 @@ app = typer.Typer(
 )
 app.command("capture", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(capture.capture)
 app.command("replay")(replay.replay)
+app.command("submit")(submit.submit)
+app.command("install")(install.install)
+app.command("installed")(installed.installed)
+app.command("uninstall")(uninstall.uninstall)
 
 
 def main() -> None:

@@ -1,0 +1,221 @@
+"""`import tilesmith.runtime`: later runs of a program load the installed artifacts instead of
+Inductor's wrappers.
+
+Importing this module registers one handler with `tilesmith.runtime.hook` and nothing else: it
+imports no torch and no torch._inductor (the hook patches `CompiledFxGraph.post_compile` lazily, when
+Inductor itself gets imported). For every graph Inductor hands back (fresh compile, FX-graph-cache hit
+or AOTAutograd-cache hit), the handler
+
+1. computes the graph key exactly as capture does: `source.canonicalize(src, (default_cache_dir(),))`
+   plus `environment.fingerprint()`;
+2. looks for manifests/<key>.json; no manifest: Inductor's module stays (counted, no warning);
+3. checks that artifacts/<key>.py hashes to the manifest's sha256 and that the manifest's environment
+   is this process's environment;
+4. loads the verified bytes as a module with the graph's constants (PyCodeCache.write +
+   load_by_key_path, the way Inductor loads its own wrappers) and swaps `current_callable`
+   (+ `recursively_apply_fns` / `compiled_fn_runner` of graph-partition wrappers) before Inductor's
+   post_compile runs, so cudagraphs (reduce-overhead) wrap the optimized code.
+
+Any failure keeps Inductor's module and logs one warning per key ("tilesmith: <key12>: <why>; using
+Inductor's code"); TILESMITH_RUNTIME_STRICT=1 raises instead (for CI). A substitution logs at INFO.
+What is written: the verified source, under its own content hash, into Inductor's code folder (as
+PyCodeCache does for every module it loads) and the compiled kernels of that module. `source_code`
+and FX-graph / AOTAutograd cache entries are never touched, so a later run without the runtime gets
+Inductor's own code from the same cache.
+
+The environment fingerprint: the stack part (torch, triton, CUDA, GPU) is computed once per process;
+the numerics flags (TF32, reduced-precision reductions, determinism) are read again for every graph,
+because a program may change them between compiles and an artifact proven under one setting must
+not serve another. Capture computes the fingerprint when its session starts, so a script that
+changes those flags before compiling gets keys that differ between capture and runtime: the runtime
+then finds no artifact (safe, never wrong code).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+
+from tilesmith import environment, paths, source
+from tilesmith.errors import TilesmithError
+from tilesmith.runtime import hook
+
+log = logging.getLogger("tilesmith.runtime")
+
+
+class RuntimeStrictError(TilesmithError):
+    """Raised instead of a fallback when TILESMITH_RUNTIME_STRICT=1."""
+
+    fatal = True  # hook.py lets exceptions with this flag through to the compile
+
+
+@dataclass
+class Fallback:
+    key: str
+    reason: str
+
+
+@dataclass
+class RuntimeStats:
+    graphs_seen: int = 0
+    substituted: int = 0
+    not_installed: int = 0  # graphs with no artifact in the store (normal, no warning)
+    fallbacks: list[Fallback] = field(default_factory=list)  # artifact there but not used, and why
+    substituted_keys: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_lock = threading.Lock()
+_stats = RuntimeStats()
+_warned: set[str] = set()
+_static_env: dict = {}
+_cache_dirs: tuple[str, ...] | None = None
+
+
+def stats() -> RuntimeStats:
+    """A copy of this process's counters: graphs seen, substituted, fallbacks with reasons."""
+    with _lock:
+        return RuntimeStats(_stats.graphs_seen, _stats.substituted, _stats.not_installed,
+                            [Fallback(f.key, f.reason) for f in _stats.fallbacks], list(_stats.substituted_keys))
+
+
+def strict() -> bool:
+    return os.environ.get("TILESMITH_RUNTIME_STRICT", "").strip() not in ("", "0")
+
+
+class _Skip(Exception):
+    """Why an installed artifact is not used."""
+
+
+def _handle(pc: hook.PostCompile):
+    g = pc.graph
+    src = getattr(g, "source_code", None)
+    if not src or getattr(g, "current_callable", None) is None or _capture_active():
+        return None
+    with _lock:
+        _stats.graphs_seen += 1
+    key = "?" * 64
+    try:
+        env = current_environment()
+        key = source.graph_key(source.canonicalize(src, _default_cache_dirs()), env)
+        mpath = paths.manifests_dir() / f"{key}.json"
+        if not mpath.exists():
+            with _lock:
+                _stats.not_installed += 1
+            return None
+        _substitute(g, pc, key, mpath, env)
+    except _Skip as e:
+        _fallback(key, str(e))
+    except RuntimeStrictError:
+        raise
+    except Exception as e:  # an artifact that raises at import, a torch API that moved: never the user's problem
+        _fallback(key, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
+    return None
+
+
+def _capture_active() -> bool:
+    # `tilesmith capture` imports tilesmith.runtime.hook, which imports this package and so registers
+    # this handler: a capture must record Inductor's own code and outputs, never an artifact's.
+    return any(type(h).__module__.startswith("tilesmith.capture") for h in hook.handlers())
+
+
+def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
+    try:
+        manifest = json.loads(mpath.read_text())
+        want_sha, want_env = manifest["sha256"], manifest["environment_id"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise _Skip(f"manifest unreadable ({type(e).__name__})") from None
+    try:
+        data = (paths.artifacts_dir() / f"{key}.py").read_bytes()
+    except FileNotFoundError:
+        raise _Skip("artifact file missing") from None
+    if hashlib.sha256(data).hexdigest() != want_sha:
+        raise _Skip("artifact bytes do not match the manifest's sha256 (modified or half-written)")
+    if want_env != environment.fingerprint_id(env):
+        raise _Skip(f"installed for another environment ({environment.describe(manifest.get('environment') or {})}; "
+                    f"this process: {environment.describe(env)})")
+    mod = _load(data.decode(), _constants(g, pc))
+    call = getattr(mod, "call", None)
+    if not callable(call):
+        raise _Skip("the artifact defines no call(args)")
+    g.current_callable = call
+    # Graph-partition wrappers: Inductor's post_compile cudagraphifies partitions through these.
+    if hasattr(g, "recursively_apply_fns"):
+        g.recursively_apply_fns = getattr(mod, "recursively_apply_fns", None)
+    if hasattr(g, "compiled_fn_runner"):
+        g.compiled_fn_runner = getattr(mod, "runner", None)
+    with _lock:
+        _stats.substituted += 1
+        _stats.substituted_keys.append(key)
+    log.info("tilesmith: %s: loaded the installed artifact instead of Inductor's wrapper", key[:12])
+
+
+def _load(text: str, constants: dict):
+    from torch._inductor.codecache import PyCodeCache
+
+    _, src = source.split_header(text)
+    mkey, path = PyCodeCache.write(src)
+    # attrs given (a dict, even empty) -> a fresh module object per graph; positional: 2.11 has no
+    # set_sys_modules keyword.
+    return PyCodeCache.load_by_key_path(mkey, path, None, constants)
+
+
+def _constants(g, pc: hook.PostCompile) -> dict:
+    consts = pc.constants
+    if consts is None:
+        return dict(getattr(g, "constants", None) or {})
+    return dict(consts.unwrap(g))
+
+
+def _fallback(key: str, reason: str) -> None:
+    with _lock:
+        _stats.fallbacks.append(Fallback(key, reason))
+        first = key not in _warned
+        _warned.add(key)
+    if strict():
+        raise RuntimeStrictError(f"tilesmith: {key[:12]}: {reason}", code="runtime-fallback",
+                                 hint="unset TILESMITH_RUNTIME_STRICT to fall back to Inductor's code")
+    if first:
+        log.warning("tilesmith: %s: %s; using Inductor's code", key[:12], reason)
+
+
+def current_environment() -> dict:
+    """This process's fingerprint: the stack part cached, the numerics flags read now."""
+    global _static_env
+    if not _static_env:
+        _static_env = environment.fingerprint()
+        return dict(_static_env)
+    import torch
+
+    return {**_static_env, "numerics": environment._numerics_flags(torch)}
+
+
+def _default_cache_dirs() -> tuple[str, ...]:
+    # default_cache_dir() costs ~0.1 s per call (getpass): once per process, as capture does.
+    global _cache_dirs
+    if _cache_dirs is None:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+            _cache_dirs = (default_cache_dir(),)
+        except Exception:
+            _cache_dirs = ()
+    return _cache_dirs
+
+
+def enable() -> None:
+    """Register the substitution handler (done on import; calling it again does nothing)."""
+    hook.add_handler(_handle)
+
+
+def disable() -> None:
+    hook.remove_handler(_handle)
+
+
+enable()

@@ -46,6 +46,12 @@ def add_handler(fn: Callable[[PostCompile], Callable[[], None] | None]) -> None:
         _ensure_patched()
 
 
+def handlers() -> list:
+    """The handlers registered now, in the order they run."""
+    with _lock:
+        return list(_handlers)
+
+
 def remove_handler(fn) -> None:
     with _lock:
         if fn in _handlers:
@@ -73,12 +79,16 @@ def _patch(module) -> None:
             for handler in list(_handlers):
                 try:
                     after = handler(call)
-                except Exception as e:  # a handler must never break the user's program
+                except Exception as e:  # a handler must never break the user's program ...
+                    if getattr(e, "fatal", False):  # ... unless it asks to (TILESMITH_RUNTIME_STRICT=1)
+                        raise
                     log.warning("tilesmith: post_compile handler %s failed: %r", getattr(handler, "__name__", handler), e)
                     continue
                 if after is not None:
                     afters.append(after)
         except Exception as e:
+            if getattr(e, "fatal", False):
+                raise
             log.warning("tilesmith: could not inspect an Inductor graph: %r", e)
         result = orig(self, *args, **kwargs)
         for after in afters:
