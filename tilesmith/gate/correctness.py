@@ -1,0 +1,153 @@
+"""Stage 2 comparisons, in the deciding process only: raw outputs of the original and of the candidate
+(each from its own worker) against each other and, where available, against a float64 reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tilesmith.gate.verdict import Reason, SetCorrectness
+
+_EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-23, torch.float64: 2.0**-52}
+# Against the original directly, (rtol, atol as a fraction of the output's largest magnitude). fp32 is
+# tight enough that computing in bf16/fp16/tf32 (errors ~1e-3..1e-2 relative) fails here already.
+_TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2), torch.float32: (2e-5, 2e-5),
+        torch.float64: (1e-10, 1e-10)}
+REF64_FACTOR = 4.0  # the candidate's float64 error may be this multiple of the original's, plus a floor
+REF64_FLOOR_EPS = 16.0  # floor, in units of the output dtype's epsilon times the output's magnitude
+
+
+@dataclass
+class ValueCheck:
+    ok: bool
+    abs_error: float = 0.0
+    rel_error: float = 0.0
+    allowed: float = 0.0
+    ref_cand: float | None = None
+    ref_orig: float | None = None
+    why: str = ""  # "" | "nonfinite" | "values" | "precision"
+
+
+def compare_values(cand, orig, ref=None) -> ValueCheck:
+    """One output (or input-after) value: exact for non-floats; dtype tolerances; float64 calibration."""
+    if not isinstance(orig, torch.Tensor) or not isinstance(cand, torch.Tensor):
+        return ValueCheck(cand == orig if not isinstance(cand, torch.Tensor) else False, why="values")
+    if cand.shape != orig.shape or cand.dtype != orig.dtype:
+        return ValueCheck(False, why="values")
+    if not orig.dtype.is_floating_point:
+        return ValueCheck(bool(torch.equal(cand, orig)), why="" if torch.equal(cand, orig) else "values")
+    c, o = cand.to(torch.float64), orig.to(torch.float64)
+    if not (torch.equal(c.isnan(), o.isnan()) and torch.equal(c.isinf() & (c > 0), o.isinf() & (o > 0))
+            and torch.equal(c.isinf() & (c < 0), o.isinf() & (o < 0))):
+        return ValueCheck(False, float("inf"), float("inf"), why="nonfinite")
+    fin = torch.isfinite(o)
+    if not bool(fin.any()):
+        return ValueCheck(True)
+    c, o = c[fin], o[fin]
+    diff = (c - o).abs()
+    scale = max(float(o.abs().max()), 1e-30)
+    rtol, atol = _TOL.get(orig.dtype, (1e-3, 1e-3))
+    allowed = rtol * o.abs() + atol * scale
+    res = ValueCheck(bool((diff <= allowed).all()), float(diff.max()), float(diff.max()) / scale,
+                     float(allowed.max()))
+    res.why = "" if res.ok else "values"
+    if ref is not None and isinstance(ref, torch.Tensor) and ref.shape == orig.shape:
+        r = ref.to(torch.float64)[fin]
+        rscale = max(float(r.abs().max()), 1e-30)
+        res.ref_cand = float((c - r).abs().max())
+        res.ref_orig = float((o - r).abs().max())
+        limit = REF64_FACTOR * res.ref_orig + REF64_FLOOR_EPS * _EPS.get(orig.dtype, 1e-3) * rscale
+        if res.ok and res.ref_cand > limit:
+            res.ok, res.why, res.allowed = False, "precision", limit
+    return res
+
+
+@dataclass
+class SetResult:
+    summary: SetCorrectness
+    reasons: list[Reason] = field(default_factory=list)
+
+
+def compare_set(name: str, cand: dict, orig: dict, ref: list | None) -> SetResult:
+    """Outputs (count, layout, aliasing, values) and inputs after the call, for one input set."""
+    reasons: list[Reason] = []
+    co, oo = cand["outputs"], orig["outputs"]
+    summary = SetCorrectness(name=name, ok=True)
+    if len(co) != len(oo):
+        reasons.append(Reason("output-count", f"set {name}: {len(co)} outputs, the original returns {len(oo)}"))
+        return _done(summary, reasons)
+    for i, (cl, ol) in enumerate(zip(cand["layouts"], orig["layouts"])):
+        r = _layout_reason(name, i, cl, ol)
+        if r:
+            reasons.append(r)
+    if reasons:
+        return _done(summary, reasons)
+    for i, (c, o) in enumerate(zip(co, oo)):
+        v = compare_values(c, o, ref[i] if ref is not None and i < len(ref) else None)
+        summary.max_abs_error = max(summary.max_abs_error, v.abs_error)
+        summary.max_rel_error = max(summary.max_rel_error, v.rel_error)
+        if v.ref_cand is not None:
+            summary.ref64_candidate_abs_error = max(summary.ref64_candidate_abs_error or 0.0, v.ref_cand)
+            summary.ref64_original_abs_error = max(summary.ref64_original_abs_error or 0.0, v.ref_orig)
+        if not v.ok:
+            reasons.append(_value_reason(name, f"output {i}", v))
+    for i, (c, o) in enumerate(zip(cand["inputs_after"], orig["inputs_after"])):
+        v = compare_values(c, o)
+        if not v.ok:
+            reasons.append(Reason("input-mutated", f"set {name}: input {i} after the call differs from the "
+                                                   f"original's (max abs difference {v.abs_error:.3g})"))
+    return _done(summary, reasons)
+
+
+def _done(summary: SetCorrectness, reasons: list[Reason]) -> SetResult:
+    summary.ok = not reasons
+    return SetResult(summary, reasons)
+
+
+def _layout_reason(name: str, i: int, cl: dict, ol: dict) -> Reason | None:
+    where = f"set {name}: output {i}"
+    if cl.get("type") != ol.get("type"):
+        return Reason("output-type", f"{where} is a {cl.get('type')}, the original returns a {ol.get('type')}")
+    for key, code in (("dtype", "output-dtype"), ("shape", "output-shape"), ("stride", "output-stride"),
+                      ("offset", "output-offset")):
+        if cl.get(key) != ol.get(key):
+            return Reason(code, f"{where} has {key} {cl.get(key)}, the original {ol.get(key)}")
+    if cl.get("alias_inputs") != ol.get("alias_inputs") or cl.get("storage_id") != ol.get("storage_id"):
+        return Reason("output-aliasing", f"{where} shares storage with inputs {cl.get('alias_inputs')} / output "
+                                         f"#{cl.get('storage_id')}, the original with {ol.get('alias_inputs')} / "
+                                         f"#{ol.get('storage_id')}")
+    return None
+
+
+def _value_reason(name: str, what: str, v: ValueCheck) -> Reason:
+    if v.why == "nonfinite":
+        return Reason("wrong-values", f"set {name}: {what} has NaN/Inf where the original does not (or vice versa)")
+    if v.why == "precision":
+        return Reason("precision", f"set {name}: {what} is {v.ref_cand:.3g} from the float64 reference, the "
+                                   f"original {v.ref_orig:.3g} (allowed {v.allowed:.3g}): lower precision")
+    return Reason("wrong-values", f"set {name}: {what} max abs error {v.abs_error:.3g} (relative "
+                                  f"{v.rel_error:.3g}, allowed {v.allowed:.3g})")
+
+
+def compare_pair(names: tuple[str, str], pair: dict, orig_first: dict, orig_second: dict) -> list[Reason]:
+    """Two calls in the same input buffers: the second must see the new values (no pointer-keyed cache),
+    and the first call's outputs must survive the second (no reused output buffer)."""
+    reasons = []
+    first, second = pair.get("first", []), pair.get("second", [])
+    if len(first) != len(orig_first["outputs"]) or len(second) != len(orig_second["outputs"]):
+        return [Reason("output-count", "the same-buffer calls returned a different number of outputs")]
+    for i, (c, o) in enumerate(zip(second, orig_second["outputs"])):
+        v = compare_values(c, o)
+        if not v.ok:
+            reasons.append(Reason("cached-across-calls", f"output {i} of a second call on the same buffers with new "
+                                  f"values ({names[1]}) is wrong (max abs error {v.abs_error:.3g}): a result "
+                                  "from the first call was reused"))
+    for i, (c, o) in enumerate(zip(first, orig_first["outputs"])):
+        if orig_first["layouts"][i].get("alias_inputs"):
+            continue  # the original returns a view of an input: refilling the input changes it by design
+        v = compare_values(c, o)
+        if not v.ok:
+            reasons.append(Reason("outputs-overwritten", f"output {i} of the first call changed when the second "
+                                  f"call ran (max abs error {v.abs_error:.3g}): outputs are reused across calls"))
+    return reasons

@@ -1,0 +1,121 @@
+"""Stage 3 statistics, in the deciding process: paired log ratios, a one-sided confidence bound on the
+speedup, adaptive sampling under a time budget, and the plausibility checks on raw samples.
+
+A round is one baseline sample and one candidate sample (order alternating, same input buffers);
+its log ratio log(baseline_ns / candidate_ns) removes drift common to both. The estimate is the 10 %
+trimmed mean of the log ratios with Yuen's winsorised standard error (robust to the odd preempted
+sample on a shared machine); the bounds use Student's t. speedup = exp(estimate) > 1 is faster.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+from tilesmith.gate.verdict import Reason, Timing
+
+TRIM = 0.1
+
+
+def _z(p: float) -> float:
+    return statistics.NormalDist().inv_cdf(p)
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student-t quantile by the Cornish-Fisher expansion (accurate to ~1e-3 for df >= 5)."""
+    z = _z(p)
+    if df > 1e6:
+        return z
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    return z + g1 / df + g2 / df**2 + g3 / df**3
+
+
+@dataclass
+class Estimate:
+    speedup: float
+    low: float  # one-sided lower bound at `confidence`
+    high: float  # one-sided upper bound at `confidence`
+    n: int
+
+
+def estimate(baseline_ns: list[int], candidate_ns: list[int], confidence: float) -> Estimate:
+    """Trimmed-mean paired speedup with one-sided bounds (Yuen); needs at least 5 rounds."""
+    logs = sorted(math.log(b / c) for b, c in zip(baseline_ns, candidate_ns))
+    n = len(logs)
+    g = int(TRIM * n)
+    kept = logs[g:n - g]
+    mean = sum(kept) / len(kept)
+    wins = [min(max(x, kept[0]), kept[-1]) for x in logs]
+    wmean = sum(wins) / n
+    wvar = sum((x - wmean) ** 2 for x in wins) / (n - 1) if n > 1 else float("inf")
+    h = n - 2 * g
+    se = math.sqrt(wvar) / ((1 - 2 * TRIM) * math.sqrt(n)) if n > 1 else float("inf")
+    t = t_quantile(confidence, max(h - 1, 1))
+    return Estimate(math.exp(mean), math.exp(mean - t * se), math.exp(mean + t * se), n)
+
+
+def decide(est: Estimate, min_improvement: float) -> str:
+    """'accept' when the lower bound clears 1 + min_improvement, 'reject' when even the upper bound does
+    not, else 'undecided'."""
+    if est.low > 1 + min_improvement:
+        return "accept"
+    if est.high < 1 + min_improvement:
+        return "reject"
+    return "undecided"
+
+
+def check_samples(ns: dict, rounds: int, wall_ns: int) -> Reason | None:
+    """The worker's raw samples must be well-formed and fit in the wall time the parent itself measured."""
+    try:
+        b, c = ns["baseline"], ns["candidate"]
+        ok = len(b) == rounds and len(c) == rounds and all(isinstance(x, int) and x > 0 for x in b + c)
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        return Reason("timing-forged", "the timing worker returned malformed samples")
+    if sum(b) + sum(c) > wall_ns:
+        return Reason("timing-forged", f"the samples add up to {(sum(b) + sum(c)) / 1e6:.1f} ms but the request took "
+                                       f"{wall_ns / 1e6:.1f} ms of wall time: the clock was tampered with")
+    return None
+
+
+def measure(worker, policy, mode: str, reps: int, per_call_ns: float) -> tuple[Timing | None, list[Reason]]:
+    """Paired rounds from a loaded, set-up worker until the bound decides or the time budget is spent."""
+    b_all: list[int] = []
+    c_all: list[int] = []
+    start = time.monotonic()
+    batch = policy.min_rounds
+    while True:
+        budget_ns = batch * 2 * reps * per_call_ns
+        w0 = time.perf_counter_ns()
+        reply = worker.request({"op": "time", "rounds": batch, "reps": reps, "round0": len(b_all),
+                                "roles": ["baseline", "candidate"], "mode": mode},
+                               timeout_s=max(60.0, 20 * budget_ns / 1e9))
+        wall = time.perf_counter_ns() - w0
+        bad = check_samples(reply.get("ns"), batch, wall)
+        if bad:
+            return None, [bad]
+        b_all += reply["ns"]["baseline"]
+        c_all += reply["ns"]["candidate"]
+        est = estimate(b_all, c_all, policy.confidence)
+        state = decide(est, policy.min_improvement)
+        spent = time.monotonic() - start
+        if state != "undecided" or spent > policy.time_budget_s or len(b_all) >= policy.max_rounds:
+            break
+        # Double the sample count, but stay inside the budget at the measured rate.
+        rate = spent / len(b_all)
+        batch = max(4, min(len(b_all), policy.max_rounds - len(b_all), int((policy.time_budget_s - spent) / rate) + 1))
+    timing = Timing(mode=mode, baseline_ms=statistics.median(b_all) / reps / 1e6,
+                    candidate_ms=statistics.median(c_all) / reps / 1e6, speedup=est.speedup, speedup_low=est.low,
+                    speedup_high=est.high, samples=len(b_all), calls_per_sample=reps,
+                    baseline_ns=b_all, candidate_ns=c_all)
+    if state == "accept":
+        return timing, []
+    need = 1 + policy.min_improvement
+    how = "clearly not" if state == "reject" else "not shown to be"
+    return timing, [Reason("not-faster", f"{how} faster: speedup {est.speedup:.3f}x, {policy.confidence:.1%} lower "
+                                         f"bound {est.low:.3f}x, needs > {need:.3f}x ({len(b_all)} paired samples)")]

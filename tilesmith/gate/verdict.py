@@ -1,0 +1,122 @@
+"""What the gate is asked (Policy) and what it answers (Verdict): plain dataclasses with a JSON round trip."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+STAGES = ("static", "load", "correctness", "timing", "confirmation")
+MODES = ("auto", "launch", "graph")
+
+
+def default_min_improvement() -> float:
+    """TILESMITH_MIN_IMPROVEMENT, else 0.02 (a candidate must be at least 2 % faster)."""
+    raw = os.environ.get("TILESMITH_MIN_IMPROVEMENT", "").strip()
+    try:
+        return float(raw) if raw else 0.02
+    except ValueError:
+        return 0.02
+
+
+@dataclass
+class Policy:
+    """How strict the gate is and how much time it may spend."""
+
+    min_improvement: float = field(default_factory=default_min_improvement)
+    mode: str = "auto"  # auto | launch | graph
+    seed: int = 0  # input sets of the first pass; confirmation derives its own from it
+    random_sets: int = 4  # random input sets (normal, uniform, positive, heavy-tailed), cycled
+    confidence: float = 0.995  # one-sided, per look at the timing samples
+    time_budget_s: float = 20.0  # timing samples per pass stop after this much wall time
+    min_rounds: int = 12  # paired rounds before the first look
+    max_rounds: int = 400
+    target_sample_ms: float = 2.0  # calls per timed sample are chosen so one sample takes about this long
+    rotating_sets: int = 4  # input buffers the timed calls rotate through
+    suspicious_speedup: float = 10.0  # above this, the speedup is reported as suspicious
+    load_timeout_s: float = 600.0  # a cold compile of the wrapper's kernels can take minutes
+    call_timeout_s: float = 120.0  # one correctness step (all input sets) in a worker
+    confirm: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Reason:
+    code: str  # machine-readable, e.g. "wrong-values", "not-faster", "static-threads"
+    message: str  # one human sentence
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SetCorrectness:
+    """One input set: worst errors over all outputs (abs and relative to the output's max magnitude)."""
+
+    name: str
+    ok: bool
+    max_abs_error: float = 0.0  # candidate vs original
+    max_rel_error: float = 0.0
+    ref64_candidate_abs_error: float | None = None  # vs the float64 run of the FX program
+    ref64_original_abs_error: float | None = None
+
+
+@dataclass
+class Timing:
+    """Paired timing of one pass; every statistic was computed in the deciding process."""
+
+    mode: str  # launch | graph
+    baseline_ms: float  # median per call
+    candidate_ms: float
+    speedup: float  # baseline / candidate, geometric (trimmed) mean of the paired ratios
+    speedup_low: float  # one-sided lower confidence bound
+    speedup_high: float
+    samples: int  # paired rounds
+    calls_per_sample: int
+    baseline_ns: list[int] = field(default_factory=list)  # raw per-sample totals, nanoseconds
+    candidate_ns: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Pass:
+    """One correctness + timing pass (the first one, or the fresh confirmation)."""
+
+    seed: int
+    correctness: list[SetCorrectness] = field(default_factory=list)
+    timing: Timing | None = None
+
+
+@dataclass
+class Verdict:
+    accepted: bool
+    stage: str  # the stage reached: static | load | correctness | timing | confirmation
+    graph_key: str
+    candidate_sha256: str  # of the exact bytes judged; install checks it
+    reasons: list[Reason] = field(default_factory=list)  # why rejected; empty when accepted
+    warnings: list[Reason] = field(default_factory=list)
+    first: Pass | None = None
+    confirmation: Pass | None = None
+    reference64: bool = False  # whether a float64 run of the FX program was available
+    min_improvement: float = 0.02
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Verdict:
+        d = dict(d)
+        d["reasons"] = [Reason(**r) for r in d.get("reasons", [])]
+        d["warnings"] = [Reason(**r) for r in d.get("warnings", [])]
+        for k in ("first", "confirmation"):
+            if d.get(k) is not None:
+                p = dict(d[k])
+                p["correctness"] = [SetCorrectness(**c) for c in p.get("correctness", [])]
+                p["timing"] = Timing(**p["timing"]) if p.get("timing") else None
+                d[k] = Pass(**p)
+        return cls(**d)
+
+    @property
+    def codes(self) -> list[str]:
+        return [r.code for r in self.reasons]
