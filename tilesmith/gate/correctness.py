@@ -15,7 +15,8 @@ _EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-2
 _TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2), torch.float32: (2e-5, 2e-5),
         torch.float64: (1e-10, 1e-10)}
 REF64_FACTOR = 4.0  # the candidate's float64 error may be this multiple of the original's, plus a floor
-REF64_FLOOR_EPS = 16.0  # floor, in units of the output dtype's epsilon times the output's magnitude
+REF64_FLOOR_EPS = 16.0  # floor: this many epsilons of the output dtype, times the output magnitude
+PRECISION_BAND = 2e-2  # a failing output within this relative error of the original counts as lower precision
 
 
 @dataclass
@@ -51,14 +52,16 @@ def compare_values(cand, orig, ref=None) -> ValueCheck:
     allowed = rtol * o.abs() + atol * scale
     res = ValueCheck(bool((diff <= allowed).all()), float(diff.max()), float(diff.max()) / scale,
                      float(allowed.max()))
-    res.why = "" if res.ok else "values"
+    if not res.ok:
+        # Close to the original yet outside fp tolerance: the signature of computing in lower precision.
+        res.why = "precision" if res.rel_error < PRECISION_BAND else "values"
     if ref is not None and isinstance(ref, torch.Tensor) and ref.shape == orig.shape:
         r = ref.to(torch.float64)[fin]
         rscale = max(float(r.abs().max()), 1e-30)
         res.ref_cand = float((c - r).abs().max())
         res.ref_orig = float((o - r).abs().max())
         limit = REF64_FACTOR * res.ref_orig + REF64_FLOOR_EPS * _EPS.get(orig.dtype, 1e-3) * rscale
-        if res.ok and res.ref_cand > limit:
+        if res.ref_cand > limit and (res.ok or res.why == "precision"):
             res.ok, res.why, res.allowed = False, "precision", limit
     return res
 
@@ -123,9 +126,12 @@ def _layout_reason(name: str, i: int, cl: dict, ol: dict) -> Reason | None:
 def _value_reason(name: str, what: str, v: ValueCheck) -> Reason:
     if v.why == "nonfinite":
         return Reason("wrong-values", f"set {name}: {what} has NaN/Inf where the original does not (or vice versa)")
-    if v.why == "precision":
+    if v.why == "precision" and v.ref_cand is not None:
         return Reason("precision", f"set {name}: {what} is {v.ref_cand:.3g} from the float64 reference, the "
                                    f"original {v.ref_orig:.3g} (allowed {v.allowed:.3g}): lower precision")
+    if v.why == "precision":
+        return Reason("precision", f"set {name}: {what} is within {v.rel_error:.2g} (relative) of the original "
+                                   f"but outside the {v.allowed:.3g} tolerance: lower precision")
     return Reason("wrong-values", f"set {name}: {what} max abs error {v.abs_error:.3g} (relative "
                                   f"{v.rel_error:.3g}, allowed {v.allowed:.3g})")
 
