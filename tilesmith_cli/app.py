@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tilesmith_cli.commands import capture, replay
+from tilesmith_cli.commands import capture, optimize, replay
 from tilesmith_cli.commands import install, installed, submit, uninstall
 
 app = typer.Typer(
@@ -16,6 +16,7 @@ app = typer.Typer(
 )
 app.command("capture", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(capture.capture)
 app.command("replay")(replay.replay)
+app.command("optimize")(optimize.optimize)
 app.command("submit")(submit.submit)
 app.command("install")(install.install)
 app.command("installed")(installed.installed)

@@ -1,0 +1,1 @@
+"""Optimizers: the built-in tuner (no model) and the agent. Each proposes candidate wrapper sources."""

@@ -1,0 +1,64 @@
+"""Worker for tilesmith.search.measure: loads each variant, times them in rotating order, prints raw ns."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+from tilesmith import loading
+
+
+def main(spec_file: str) -> dict:
+    spec = json.loads(open(spec_file).read())
+    data = loading.load_graph_data(spec["graph_dir"])
+    args = loading.clone_args(data.inputs)
+    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    calls, results = [], []
+    for path in spec["sources"]:
+        try:
+            mod = loading.load_module(open(path).read(), data.constants)
+            with torch.no_grad():
+                for _ in range(3):
+                    mod.call(list(args))
+                sync()
+            calls.append(mod.call)
+            results.append({"ns": []})
+        except Exception as e:  # a variant that does not compile or run is reported, not fatal
+            calls.append(None)
+            results.append({"ns": [], "error": f"{type(e).__name__}: {e}"[:300]})
+    # calls per sample: enough that one sample lasts ~1 ms, so timer resolution does not matter.
+    live = [c for c in calls if c is not None]
+    per = 1
+    if live:
+        t0 = time.perf_counter_ns()
+        with torch.no_grad():
+            live[0](list(args))
+        sync()
+        per = max(1, min(1000, int(1e6 / max(1, time.perf_counter_ns() - t0))))
+    deadline = time.monotonic() + spec["budget_s"]
+    rnd = 0
+    with torch.no_grad():
+        while time.monotonic() < deadline or rnd < 3:
+            order = list(range(len(calls)))
+            order = order[rnd % len(order):] + order[: rnd % len(order)]  # rotate who goes first
+            for i in order:
+                if calls[i] is None:
+                    continue
+                sync()
+                t0 = time.perf_counter_ns()
+                for _ in range(per):
+                    calls[i](list(args))
+                sync()
+                results[i]["ns"].append((time.perf_counter_ns() - t0) / per)
+            rnd += 1
+            if rnd >= 200:
+                break
+    return {"results": results, "calls_per_sample": per}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))

@@ -1,0 +1,92 @@
+"""The built-in tuner: no model, no API key. For each kernel, in order of its share of the graph's
+time, try the launch parameters its generated source allows (Triton block sizes, warps, stages;
+C++ OpenMP thread counts, the serial path), screen them cheaply on the whole call, keep the best per
+kernel, assemble, and hand the assembled wrapper to the gate. Each loop starts from the best
+confirmed source and tunes the kernels not changed yet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generator
+
+from tilesmith.search import kernels as K
+from tilesmith.search.measure import screen
+
+
+@dataclass
+class Candidate:
+    text: str  # the full wrapper source (FX header included)
+    label: str  # what changed, for reports
+
+
+@dataclass
+class TunerConfig:
+    max_kernels: int = 6  # kernels screened per loop, biggest share first
+    screen_budget_s: float = 3.0  # timing seconds per kernel screen (all its variants together)
+    min_gain: float = 0.01  # a variant must screen this much faster than the current code to be kept
+
+
+def search(track, config: TunerConfig | None = None) -> Generator[Candidate, dict, None]:
+    """Yield candidates; receive each one's verdict (dict) through send().
+
+    `track` provides: graph_dir, best_text (current best source), profile (baseline Profile or
+    None), record(event: dict) to log every variant, and expired() for the time limit.
+    """
+    cfg = config or TunerConfig()
+    done: set[str] = set()
+    while True:
+        base_text = track.best_text
+        header, base = _split(base_text)
+        order = _ordered(K.find_kernels(base), track.profile)
+        todo = [k for k in order if k.name not in done and K.variants(k)][: cfg.max_kernels]
+        if not todo:
+            return
+        choices = []  # (gain, kernel, label, code)
+        for k in todo:
+            if track.expired():
+                return
+            done.add(k.name)
+            vs = K.variants(k)
+            results = screen(track.graph_dir, [("current", base_text)] +
+                             [(label, header + K.replace_kernel(base, k, code)) for label, code in vs],
+                             budget_s=cfg.screen_budget_s)
+            current = results[0].median_ms
+            for (label, _), r in zip(vs, results[1:]):
+                track.record({"kernel": k.name, "variant": label, "median_ms": r.median_ms,
+                              "current_ms": current, "samples": len(r.samples_ms), "error": r.error})
+            ok = [(r.median_ms, label, code) for (label, code), r in zip(vs, results[1:]) if r.median_ms]
+            if current and ok:
+                best_ms, label, code = min(ok)
+                gain = current / best_ms - 1
+                if gain > cfg.min_gain:
+                    choices.append((gain, k, label, code))
+        if not choices:
+            continue  # nothing on these kernels; the next round tries the rest (or ends)
+        choices.sort(key=lambda c: c[0], reverse=True)
+        # The assembled candidate first; if the gate rejects it, each single change on its own.
+        tries = [choices] + ([[c] for c in choices] if len(choices) > 1 else [])
+        for combo in tries:
+            text = base
+            for _, k, _, code in combo:
+                kk = next(x for x in K.find_kernels(text) if x.name == k.name)
+                text = K.replace_kernel(text, kk, code)
+            label = "; ".join(f"{k.name}: {lab}" for _, k, lab, _ in combo)
+            verdict = yield Candidate(header + text, label)
+            if verdict and verdict.get("accepted"):
+                break
+
+
+def _split(text: str) -> tuple[str, str]:
+    from tilesmith.source import HEADER_END
+
+    i = text.find(HEADER_END + "\n")
+    if i < 0:
+        return "", text
+    cut = i + len(HEADER_END) + 1
+    return text[:cut], text[cut:]
+
+
+def _ordered(kernels: list, profile) -> list:
+    """Kernels by their share of the baseline profile, biggest first; unprofiled ones last."""
+    share = {k.name: k.time_ms for k in (profile.kernels if profile else [])}
+    return sorted(kernels, key=lambda k: -share.get(k.name, -1.0))

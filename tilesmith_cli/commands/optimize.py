@@ -1,0 +1,64 @@
+"""`tilesmith optimize`"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tilesmith_cli import console
+
+
+def optimize(
+    workspace: Path = typer.Option(Path("tilesmith-workspace"), "--workspace", "-w", help="The captured workspace."),
+    optimizer: str = typer.Option("auto", help="tuner | agent | auto (the agent when a model is configured)."),
+    agency: str = typer.Option("medium", help="low | medium | high: how far the agent may restructure."),
+    loops: int = typer.Option(1, help="Accepted improvement cycles per graph."),
+    max_model_calls: int = typer.Option(None, help="Exact model-call budget per graph (agent)."),
+    model: str = typer.Option(None, help="Model name (default: TILESMITH_MODEL)."),
+    graphs: list[str] = typer.Option([], "--graphs", help="Only these graph keys (prefixes)."),
+    max_minutes: float = typer.Option(None, help="Stop cleanly after this many minutes."),
+    jobs: int = typer.Option(1, help="Graphs optimized at once (measurements never overlap)."),
+    resume: str = typer.Option(None, help="Carry on with an interrupted run."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Optimize each eligible graph with the tuner or the agent; the gate decides. Prints a run id."""
+    from tilesmith.optimize import OptimizeSettings
+    from tilesmith.optimize import optimize as run_optimize
+
+    settings = OptimizeSettings(optimizer=optimizer, agency=agency, loops=loops, max_model_calls=max_model_calls,
+                                model=model, graphs=list(graphs), max_minutes=max_minutes, jobs=jobs)
+
+    def go():
+        if as_json:
+            return run_optimize(workspace, settings, resume=resume)
+        with console.err.status("starting ...") as status:
+            def on_event(kind, **kw):
+                t = kw.get("track")
+                if kind == "run":
+                    console.err.print(f"run {kw['run_id']}: {kw['graphs']} graph(s)")
+                elif kind == "profile":
+                    status.update(f"profiling {kw['key'][:12]} ...")
+                elif kind == "candidate":
+                    best = f", best {t.speedup:.3f}x" if t.speedup else ""
+                    status.update(f"{t.key[:12]}: loop {t.loops_done + 1}, candidate {t.candidates}{best}: judging {kw['label'][:60]}")
+                elif kind == "accepted":
+                    console.err.print(f"  {t.key[:12]}: loop {t.loops_done} accepted, {t.speedup:.3f}x (>= {t.speedup_low:.3f}x)")
+                elif kind == "track" and t.status not in ("running", "pending"):
+                    console.err.print(f"  {t.key[:12]}: {t.status}{': ' + t.reason if t.reason else ''}")
+
+            return run_optimize(workspace, settings, resume=resume, on_event=on_event)
+
+    result = console.run_guarded(go, as_json)
+    if as_json:
+        console.print_json(result)
+        return
+    rows = [[t.key[:12], t.kind, t.status, t.loops_done, t.candidates, _ms(t.baseline_ms), _ms(t.best_ms),
+             f"{t.speedup:.3f}x (>= {t.speedup_low:.3f}x)" if t.speedup else "-"] for t in result.tracks]
+    console.out.print(console.table(f"run {result.run_id} ({result.status})",
+                                    ["graph", "kind", "status", "loops", "tried", "baseline", "best", "speedup"], rows))
+    console.out.print(f"next: tilesmith report {result.run_id}  |  tilesmith install {result.run_id}")
+
+
+def _ms(v):
+    return f"{v:.4f} ms" if v else "-"
