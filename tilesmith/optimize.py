@@ -266,7 +266,7 @@ def _run_track(rid, ws, g, t: TrackResult, settings, deadline, stop, timing_lock
             t.status = "exhausted" if t.loops_done == 0 else "done"
             t.reason = "the optimizer has nothing more to try"
             break
-        path = runs.push_attempt(rid, g.key, cand.text)
+        path = cand.path if getattr(cand, "path", None) else runs.push_attempt(rid, g.key, cand.text)
         t.candidates += 1
         note("candidate", key=g.key, label=cand.label, track=t)
         with timing_lock:

@@ -7,6 +7,7 @@ confirmed source and tunes the kernels not changed yet."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Generator
 
 from tilesmith.search import kernels as K
@@ -17,6 +18,7 @@ from tilesmith.search.measure import screen
 class Candidate:
     text: str  # the full wrapper source (FX header included)
     label: str  # what changed, for reports
+    path: Path | None = None  # already written into attempts/ (the agent edits its attempt in place)
 
 
 @dataclass
