@@ -1,0 +1,351 @@
+"""`report`: what one run found, read back from its files (run.json, each track's profiles/ and
+best.json, the workspace): per graph, the whole program, and every candidate the gate judged.
+
+Nothing is measured here. A missing or corrupt file inside a run becomes a note in the report; only
+a run that cannot be found or whose run.json cannot be read is a TilesmithError.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tilesmith import paths, runs
+from tilesmith.errors import TilesmithError
+
+TOP_KERNELS = 8  # kernels listed per graph; the rest are summed into `other_kernels_ms`
+
+
+@dataclass
+class KernelRow:
+    name: str
+    kind: str  # triton | template | cpp | extern | device
+    calls: int  # launches per graph call
+    time_ms: float  # per graph call
+    share: float  # of the graph's summed kernel time
+
+
+@dataclass
+class CandidateRow:
+    """One gate verdict (profiles/verdict_NNN.json)."""
+
+    key: str
+    index: int  # NNN: the verdict's number within its graph's track
+    label: str
+    t_s: float | None  # seconds from the run's start to when the verdict was written (file time)
+    wall_s: float | None  # what the gate spent judging it
+    accepted: bool
+    stage: str  # the stage reached
+    reasons: list[str]  # reason codes when rejected
+    # baseline/candidate from the deciding pass (confirmation, else first); measured against the
+    # source that was best when it was judged, not necessarily the original. None: no timing ran.
+    # The interval spans both passes (lowest low, highest high), as the driver credits it.
+    speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+
+
+@dataclass
+class GraphReport:
+    key: str
+    kind: str
+    eligible: bool | None  # None: the workspace could not be read
+    ineligible_reason: str
+    seen: int | None  # how often the program compiled this graph (weights the program estimate)
+    status: str  # the track's status; "not in run" for graphs the run did not optimize
+    reason: str
+    baseline_ms: float | None  # one call of Inductor's wrapper: baseline profile, else the gate's timing
+    baseline_source: str | None  # profile | gate | None
+    best_ms: float | None  # one call of the best accepted source (baseline_ms / speedup)
+    speedup: float | None  # original / best accepted (> 1 is faster); None: nothing accepted
+    speedup_low: float | None  # lower confidence bound of that speedup
+    speedup_high: float | None
+    loops_done: int
+    candidates: int  # candidates judged by the gate
+    rejected_by_stage: dict
+    variants_screened: int  # tuner variants measured before the gate (profiles/tuner_variants.jsonl)
+    model_calls: int | None  # None: no agent trace (profiles/turn_*.json) in this track
+    cached: dict | None  # cache.json on an exact hit: the installed artifact that was reused
+    kernel_ms: float | None  # summed kernel time of one call (baseline profile)
+    launch_overhead_ms: float | None
+    top_kernels: list[KernelRow] = field(default_factory=list)
+    other_kernels_ms: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ProgramEstimate:
+    """The program's compiled-graph time, estimated from per-graph measurements: sum of
+    baseline_ms * seen, and the same with each accepted graph's best_ms. Not an end-to-end
+    measurement: time outside the compiled graphs and in unmeasured graphs is not included."""
+
+    baseline_ms: float
+    optimized_ms: float  # with the accepted (or cached) graphs' best times
+    optimized_high_ms: float  # with each accepted graph at its speedup_low (the pessimistic end)
+    speedup: float
+    speedup_low: float
+    graphs_measured: int
+    graphs_total: int
+    graphs_improved: int
+    note: str
+
+
+@dataclass
+class Report:
+    run_id: str
+    status: str
+    optimizer: str | None
+    created: str | None
+    ended: str | None
+    workspace: str | None
+    environment: dict
+    settings: dict
+    graphs: list[GraphReport]
+    program: ProgramEstimate | None
+    candidates: list[CandidateRow]  # every verdict of the run, in the order they were written
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def build_report(run_id: str | None = None) -> Report:
+    """Report on run `run_id` (a unique prefix is enough), or on the newest run when None."""
+    run = runs.load_run(run_id)
+    if not isinstance(run, dict) or not isinstance(run.get("run_id"), str) or not isinstance(run.get("graphs", {}), dict):
+        raise TilesmithError(f"run.json of run '{run_id or 'newest'}' is not a run record", code="corrupt-run",
+                             hint=f"look at {paths.runs_dir()}; a run.json holds run_id, settings and graphs")
+    rid = run["run_id"]
+    rdir = paths.run_dir(rid)
+    notes: list[str] = []
+    settings = run.get("settings") if isinstance(run.get("settings"), dict) else {}
+    ws_graphs = _workspace_graphs(run.get("workspace"), notes)
+    keys = list(run.get("graphs") or {})
+    keys += [k for k in ws_graphs if k not in keys]
+    started = _parse_time(run.get("created"))
+    graphs, candidates = [], []
+    for key in keys:
+        g, cands = _graph(rdir, key, run["graphs"].get(key), ws_graphs.get(key), started)
+        graphs.append(g)
+        candidates += cands
+    graphs.sort(key=lambda g: (g.status == "not in run", -(g.baseline_ms or 0) * (g.seen or 1)))
+    candidates.sort(key=lambda c: (c.t_s if c.t_s is not None else math.inf, c.key, c.index))
+    if not graphs:
+        notes.append("the run holds no graphs")
+    return Report(rid, str(run.get("status", "unknown")), settings.get("optimizer"), run.get("created"),
+                  run.get("ended"), run.get("workspace"), run.get("environment") or {}, settings, graphs,
+                  _program(graphs), candidates, notes)
+
+
+def _workspace_graphs(ws_path, notes: list[str]) -> dict:
+    """{key: GraphInfo} of the run's workspace; {} plus a note when it is gone or unreadable."""
+    from tilesmith import workspace as wsmod
+
+    if not ws_path:
+        notes.append("run.json names no workspace: eligibility and call counts are unknown")
+        return {}
+    try:
+        return {g.key: g for g in wsmod.load(ws_path).graphs}
+    except TilesmithError as e:
+        notes.append(f"workspace not readable ({e.message}): eligibility and call counts are unknown")
+        return {}
+
+
+def _graph(rdir: Path, key: str, entry, info, started) -> tuple[GraphReport, list[CandidateRow]]:
+    notes: list[str] = []
+    t = entry if isinstance(entry, dict) else {}
+    tdir = rdir / key
+    prof = _read_json(tdir / "profiles" / "baseline.json", notes, "baseline profile") if tdir.is_dir() else None
+    verdicts = _verdicts(tdir / "profiles", notes)
+    cands = [_candidate(key, i, v, f, started) for i, v, f in verdicts]
+    accepted = [c for c in cands if c.accepted]
+    if entry is None:
+        status = "not in run" if info is None or info.eligible else "ineligible"
+    elif "status" in t:
+        status = str(t["status"])
+    else:  # a submit run records {"accepted", "stage", "reasons"} per graph
+        status = "accepted" if t.get("accepted") else ("rejected" if cands else "failed")
+    rejected = t.get("rejected_by_stage")
+    if not isinstance(rejected, dict):
+        rejected = {}
+        for c in cands:
+            if not c.accepted:
+                rejected[c.stage] = rejected.get(c.stage, 0) + 1
+    baseline_ms, source = None, None
+    if isinstance(prof, dict) and _num(prof.get("wall_ms")):
+        baseline_ms, source = float(prof["wall_ms"]), "profile"
+    elif _num(t.get("baseline_ms")):
+        baseline_ms, source = float(t["baseline_ms"]), "profile"
+    else:
+        first_timed = next((v for _, v, _ in verdicts if _timing(v).get("baseline_ms")), None)
+        if first_timed is not None:  # no profile (e.g. a submit run): the gate's median of the original
+            baseline_ms, source = float(_timing(first_timed)["baseline_ms"]), "gate"
+    sp, lo, hi = _chain(accepted)
+    if _num(t.get("speedup")):  # the driver's own credit wins where it recorded one
+        sp, lo = float(t["speedup"]), float(t["speedup_low"]) if _num(t.get("speedup_low")) else lo
+    cached = _read_json(tdir / "cache.json", notes, "cache.json") if (tdir / "cache.json").exists() else None
+    if cached and sp is None and _num(cached.get("speedup")):
+        sp = float(cached["speedup"])
+        lo, hi = _cached_interval(cached, notes)
+    best_ms = baseline_ms / sp if baseline_ms and sp else None
+    kernels, other_ms, kernel_ms, overhead_ms = _kernels(prof, notes)
+    return GraphReport(
+        key=key, kind=str(t.get("kind") or (info.kind if info else "?")),
+        eligible=info.eligible if info else None,
+        ineligible_reason=info.reason if info else "", seen=info.seen if info else None,
+        status=status, reason=str(t.get("reason") or ""), baseline_ms=baseline_ms, baseline_source=source,
+        best_ms=best_ms, speedup=sp, speedup_low=lo, speedup_high=hi,
+        loops_done=int(t.get("loops_done", len(accepted)) or 0), candidates=int(t.get("candidates", len(cands)) or 0),
+        rejected_by_stage=rejected, variants_screened=_count_lines(tdir / "profiles" / "tuner_variants.jsonl"),
+        model_calls=_model_calls(tdir / "profiles", t, notes), cached=cached, kernel_ms=kernel_ms,
+        launch_overhead_ms=overhead_ms, top_kernels=kernels, other_kernels_ms=other_ms, notes=notes), cands
+
+
+def _verdicts(pdir: Path, notes: list[str]) -> list[tuple[int, dict, Path]]:
+    out = []
+    for f in sorted(pdir.glob("verdict_*.json")) if pdir.is_dir() else []:
+        v = _read_json(f, notes, f.name)
+        try:
+            index = int(f.stem.split("_", 1)[1])
+        except ValueError:
+            notes.append(f"{f.name}: not a verdict file name")
+            continue
+        if isinstance(v, dict):
+            out.append((index, v, f))
+    return out
+
+
+def _candidate(key: str, index: int, v: dict, f: Path, started) -> CandidateRow:
+    tm = _timing(v)
+    passes = [p["timing"] for p in (v.get("first"), v.get("confirmation"))
+              if isinstance(p, dict) and isinstance(p.get("timing"), dict)]
+    lows = [x for x in (_f(p.get("speedup_low")) for p in passes) if x is not None]
+    highs = [x for x in (_f(p.get("speedup_high")) for p in passes) if x is not None]
+    try:
+        t_s = max(0.0, f.stat().st_mtime - started.timestamp()) if started else None
+    except OSError:
+        t_s = None
+    return CandidateRow(key, index, str(v.get("label") or ("submitted" if index == 0 else f"candidate {index}")),
+                        t_s, float(v["wall_s"]) if _num(v.get("wall_s")) else None, bool(v.get("accepted")),
+                        str(v.get("stage") or "?"), [str(r.get("code")) for r in v.get("reasons") or [] if isinstance(r, dict)],
+                        _f(tm.get("speedup")), min(lows) if lows else None, max(highs) if highs else None)
+
+
+def _timing(v: dict) -> dict:
+    """The deciding pass's timing: the confirmation when it ran, else the first pass."""
+    for k in ("confirmation", "first"):
+        p = v.get(k)
+        if isinstance(p, dict) and isinstance(p.get("timing"), dict):
+            return p["timing"]
+    return {}
+
+
+def _chain(accepted: list[CandidateRow]):
+    """Speedup over the original: each accepted loop was measured against the previous best, so
+    the chain multiplies (as the driver credits it); the interval multiplies its ends."""
+    if not accepted or any(c.speedup is None for c in accepted):
+        return None, None, None
+    sp = lo = hi = 1.0
+    for c in accepted:
+        sp, lo, hi = sp * c.speedup, lo * (c.speedup_low or c.speedup), hi * (c.speedup_high or c.speedup)
+    return sp, lo, hi
+
+
+def _cached_interval(cached: dict, notes: list[str]):
+    m = _read_json(Path(cached["manifest"]), notes, "the installed manifest") if cached.get("manifest") else None
+    ev = m.get("evidence") if isinstance(m, dict) else None
+    if isinstance(ev, dict):
+        return _f(ev.get("speedup_low")), _f(ev.get("speedup_high"))
+    return None, None
+
+
+def _kernels(prof, notes: list[str]):
+    if not isinstance(prof, dict):
+        return [], 0.0, None, None
+    try:
+        rows = [KernelRow(str(k["name"]), str(k.get("kind", "?")), int(k.get("calls", 0)), float(k["time_ms"]),
+                          float(k.get("share", 0.0))) for k in prof.get("kernels") or []]
+    except (KeyError, TypeError, ValueError) as e:
+        notes.append(f"baseline profile: unreadable kernel list ({type(e).__name__}: {e})")
+        return [], 0.0, None, None
+    rows.sort(key=lambda k: -k.time_ms)
+    other = float(sum(k.time_ms for k in rows[TOP_KERNELS:]))
+    return rows[:TOP_KERNELS], other, _f(prof.get("kernel_ms")), _f(prof.get("launch_overhead_ms"))
+
+
+def _model_calls(pdir: Path, t: dict, notes: list[str]) -> int | None:
+    """The agent's model calls: the track's own count if the driver recorded one, else the sum of
+    `model_calls` over profiles/turn_*.json (one file per turn); None when no agent ran."""
+    if isinstance(t.get("model_calls"), int):
+        return t["model_calls"]
+    turns = sorted(pdir.glob("turn_*.json")) if pdir.is_dir() else []
+    if not turns:
+        return None
+    total = 0
+    for f in turns:
+        d = _read_json(f, notes, f.name)
+        if isinstance(d, dict) and isinstance(d.get("model_calls"), int):
+            total += d["model_calls"]
+    return total
+
+
+def _program(graphs: list[GraphReport]) -> ProgramEstimate | None:
+    measured = [g for g in graphs if g.baseline_ms and g.status not in ("not in run", "ineligible")]
+    if not measured:
+        return None
+    base = opt = opt_high = 0.0
+    improved = 0
+    for g in measured:
+        w = g.seen or 1
+        base += g.baseline_ms * w
+        if g.best_ms and g.speedup and g.speedup > 1.0:
+            improved += 1
+            opt += g.best_ms * w
+            # the pessimistic end: the speedup at its lower bound (never worse than the original)
+            opt_high += g.baseline_ms / max(1.0, g.speedup_low or 1.0) * w
+        else:
+            opt += g.baseline_ms * w
+            opt_high += g.baseline_ms * w
+    unweighted = [g.key[:12] for g in measured if g.seen is None]
+    note = (f"estimate from per-graph measurements of {len(measured)} of {len(graphs)} graphs (one call each, "
+            "weighted by how often the program compiled the graph), not an end-to-end measurement: time outside "
+            "compiled graphs and in unmeasured graphs is not included; the low end takes each graph at its "
+            "speedup's lower confidence bound")
+    if unweighted:
+        note += f"; call counts unknown for {', '.join(unweighted)} (counted once)"
+    return ProgramEstimate(base, opt, opt_high, base / opt, base / opt_high, len(measured), len(graphs), improved, note)
+
+
+def _read_json(f: Path, notes: list[str], what: str):
+    try:
+        return json.loads(Path(f).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        notes.append(f"{what} ({Path(f).name}) is unreadable: {type(e).__name__}: {e}")
+        return None
+
+
+def _count_lines(f: Path) -> int:
+    try:
+        return sum(1 for line in f.read_text().splitlines() if line.strip())
+    except (OSError, UnicodeDecodeError):
+        return 0
+
+
+def _parse_time(iso):
+    try:
+        return _dt.datetime.fromisoformat(iso) if isinstance(iso, str) else None
+    except ValueError:
+        return None
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _f(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
