@@ -6,6 +6,7 @@ import typer
 
 from tilesmith_cli.commands import capture, optimize, replay
 from tilesmith_cli.commands import install, installed, submit, uninstall
+from tilesmith_cli.commands import report
 
 app = typer.Typer(
     name="tilesmith",
@@ -17,6 +18,7 @@ app = typer.Typer(
 app.command("capture", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(capture.capture)
 app.command("replay")(replay.replay)
 app.command("optimize")(optimize.optimize)
+app.command("report")(report.report)
 app.command("submit")(submit.submit)
 app.command("install")(install.install)
 app.command("installed")(installed.installed)
