@@ -11,7 +11,7 @@ $(BIN)/tilesmith: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# Never replace a torch that is already there; on a machine with none, take the CPU build 2.13.0.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q numpy pytest -e .
+	$(BIN)/python -m pip install -q numpy pytest -e '.[agent]'
 	touch $(BIN)/tilesmith
 
 install: $(BIN)/tilesmith

@@ -35,6 +35,7 @@ class OptimizeSettings:
     jobs: int = 1
     min_improvement: float | None = None  # None: TILESMITH_MIN_IMPROVEMENT or 0.02
     gate_time_budget_s: float | None = None  # timing budget per gate pass (None: the gate's default)
+    skills: list[str] = field(default_factory=list)  # extra SKILL.md folders for the agent (--skills)
 
     def resolved(self) -> "OptimizeSettings":
         from tilesmith.gate.verdict import default_min_improvement

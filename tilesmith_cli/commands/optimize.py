@@ -20,6 +20,7 @@ def optimize(
     max_minutes: float = typer.Option(None, help="Stop cleanly after this many minutes."),
     jobs: int = typer.Option(1, help="Graphs optimized at once (measurements never overlap)."),
     resume: str = typer.Option(None, help="Carry on with an interrupted run."),
+    skills: list[Path] = typer.Option([], "--skills", help="Extra agent skill folders (SKILL.md inside, or folders of them)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Optimize each eligible graph with the tuner or the agent; the gate decides. Prints a run id."""
@@ -27,7 +28,8 @@ def optimize(
     from tilesmith.optimize import optimize as run_optimize
 
     settings = OptimizeSettings(optimizer=optimizer, agency=agency, loops=loops, max_model_calls=max_model_calls,
-                                model=model, graphs=list(graphs), max_minutes=max_minutes, jobs=jobs)
+                                model=model, graphs=list(graphs), max_minutes=max_minutes, jobs=jobs,
+                                skills=[str(p) for p in skills])
 
     def go():
         if as_json:
