@@ -49,7 +49,10 @@ class CaptureSession:
         if not src or getattr(g, "current_callable", None) is None:
             return None
         canon = source.canonicalize(src, self._cache_dirs)
-        key = source.graph_key(canon, self.env)
+        # The fingerprint is read per graph, as the runtime does: a script may change numerics
+        # flags (TF32, ...) between compiles, and a graph is only valid under the flags it ran with.
+        env = environment.fingerprint()
+        key = source.graph_key(canon, env)
         with self._lock:
             if key in self.graphs:  # the same graph again (recompile to identical code): capture once
                 self.graphs[key].seen += 1
@@ -61,6 +64,7 @@ class CaptureSession:
         fx = getattr(g, "inductor_post_grad_graph_str", None) or "(FX program not available)"
         (gdir / WRAPPER_FILE).write_text(source.add_header(fx, canon))
         meta = self._graph_meta(g, pc, info)
+        meta["environment"] = env
         write_json(gdir / GRAPH_FILE, meta)
         self._wrap_first_call(g, info, gdir, meta)
 

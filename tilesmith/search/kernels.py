@@ -77,7 +77,8 @@ def cpp_variants(k: Kernel, cpu_count: int | None = None) -> list[tuple[str, str
     """(label, code) per OpenMP thread count; 1 thread is the serial path for small loops."""
     if not k.params.get("parallel_regions"):
         return []
-    n = cpu_count or os.cpu_count() or 1
+    # Cores this process may use (a container's affinity), not the host's count.
+    n = cpu_count or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) or 1
     counts = sorted({1, 2, 4, 8, 16, 32, n // 2, n} - {0})
     current = k.params.get("num_threads") or n  # no num_threads clause: OpenMP uses every core
     counts = [c for c in counts if c <= n and c != current]
