@@ -20,7 +20,7 @@ test: install
 	$(BIN)/python -m pytest -q -x --durations=10
 
 demo: install
-	$(BIN)/python -m tilesmith_cli.demo
+	$(BIN)/python examples/demo.py
 
 # On the GPU machine: its own torch, no venv, no registry (pytest, typer, rich are there).
 gpu-test:
