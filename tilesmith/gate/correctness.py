@@ -52,17 +52,20 @@ def compare_values(cand, orig, ref=None) -> ValueCheck:
     allowed = rtol * o.abs() + atol * scale
     res = ValueCheck(bool((diff <= allowed).all()), float(diff.max()), float(diff.max()) / scale,
                      float(allowed.max()))
-    if not res.ok:
-        # Close to the original yet outside fp tolerance: the signature of computing in lower precision.
-        res.why = "precision" if res.rel_error < PRECISION_BAND else "values"
     if ref is not None and isinstance(ref, torch.Tensor) and ref.shape == orig.shape:
+        # With a float64 reference the tolerance is calibrated: the candidate may be a few times less
+        # accurate than the original (reordered sums), never an order of magnitude (lower precision).
+        # This replaces the fixed tolerance, which is wrong where the original itself is inexact
+        # (high-magnitude inputs, cancellation).
         r = ref.to(torch.float64)[fin]
         rscale = max(float(r.abs().max()), 1e-30)
         res.ref_cand = float((c - r).abs().max())
         res.ref_orig = float((o - r).abs().max())
-        limit = REF64_FACTOR * res.ref_orig + REF64_FLOOR_EPS * _EPS.get(orig.dtype, 1e-3) * rscale
-        if res.ref_cand > limit and (res.ok or res.why == "precision"):
-            res.ok, res.why, res.allowed = False, "precision", limit
+        res.allowed = REF64_FACTOR * res.ref_orig + REF64_FLOOR_EPS * _EPS.get(orig.dtype, 1e-3) * rscale
+        res.ok = res.ref_cand <= res.allowed
+    if not res.ok:
+        # Close to the original yet outside tolerance: the signature of computing in lower precision.
+        res.why = "precision" if res.rel_error < PRECISION_BAND else "values"
     return res
 
 

@@ -1,0 +1,144 @@
+"""Adversarial and honest candidate wrappers for the gate's tests, made by editing a real captured wrapper.
+
+Each maker takes the original wrapper text (FX header + Inductor's wrapper) and returns a candidate
+that keeps call(args) and differs in one way a cheat or a bug would.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CLEAR = "        args.clear()\n"
+
+
+def graph_of(ws: Path) -> Path:
+    """The single graph directory of a workspace."""
+    dirs = sorted((Path(ws) / "graphs").iterdir())
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def _after_clear(text: str, code: str) -> str:
+    assert CLEAR in text
+    body = "".join(f"        {line}\n" for line in code.strip("\n").splitlines())
+    return text.replace(CLEAR, CLEAR + body, 1)
+
+
+def _return_name(text: str) -> str:
+    m = re.search(r"^        return \((\w+), \)$", text, re.M)
+    assert m, "expected a single-output wrapper"
+    return m.group(1)
+
+
+def _first_arg(text: str) -> str:
+    m = re.search(r"^        (\w+)(?:, \w+)* = args$", text, re.M)
+    return m.group(1)
+
+
+def _before_return(text: str, code: str) -> str:
+    name = _return_name(text)
+    line = f"        return ({name}, )\n"
+    body = "".join(f"        {x}\n" for x in code.strip("\n").splitlines())
+    return text.replace(line, body + line, 1)
+
+
+def caches_outputs_by_pointer(text: str) -> str:
+    """Remembers outputs keyed on the first input's address (the CUDA-L1 cache)."""
+    a = _first_arg(text)
+    text = _after_clear(text, f"for _key, _out in self.partitions:\n    if _key == {a}.data_ptr():\n        return _out")
+    name = _return_name(text)
+    return _before_return(text, f"self.partitions.append(({a}.data_ptr(), ({name}, )))")
+
+
+def reuses_output_buffer(text: str) -> str:
+    """Allocates the output once and hands the same tensor back every call."""
+    name = _return_name(text)
+    m = re.search(rf"^        {name} = (empty_strided_cpu\(.*\))$", text, re.M)
+    if m is None:  # the output is a reused buffer: find the buffer it reuses
+        src = re.search(rf"^        {name} = (\w+); del \w+  # reuse$", text, re.M).group(1)
+        m = re.search(rf"^        {src} = (empty_strided_cpu\(.*\))$", text, re.M)
+    alloc = m.group(1)
+    line = m.group(0)
+    lhs = line.split(" = ")[0].strip()
+    new = (f"        if not self.partitions:\n            self.partitions.append({alloc})\n"
+           f"        {lhs} = self.partitions[0]")
+    return text.replace(line, new, 1)
+
+
+def mutates_an_input(text: str) -> str:
+    """Right outputs, but scribbles on an input after computing them."""
+    a = _first_arg(text)
+    text = _after_clear(text, f"_kept = {a}")
+    return _before_return(text, "_kept.mul_(0.5)")
+
+
+def raises(text: str) -> str:
+    return _after_clear(text, 'raise RuntimeError("candidate bug")')
+
+
+def hangs(text: str) -> str:
+    return _after_clear(text, "while True:\n    pass")
+
+
+def segfaults(text: str) -> str:
+    """Reads far outside an input's storage (an out-of-bounds shape assumption): SIGSEGV."""
+    a = _first_arg(text)
+    return _after_clear(text, f"reinterpret_tensor({a}, (1 << 36, ), (1, ), 0).sum()")
+
+
+def raises_at_import(text: str) -> str:
+    return text + '\nraise ImportError("candidate cannot load")\n'
+
+
+def returns_hardcoded(text: str, captured_out) -> str:
+    """Returns the captured output as a literal: right on the captured inputs only."""
+    values = repr(captured_out.tolist())
+    shape, stride = tuple(captured_out.shape), captured_out.stride()
+    return _after_clear(text, f"return (torch.tensor({values}, dtype=torch.float32).as_strided({shape}, {stride}), )")
+
+
+def skips_layer_norm_affine(text: str) -> str:
+    """Assumes the LayerNorm weight is ones and bias zeros, as in the captured (fresh) model."""
+    m = re.search(r"cpp_fused_native_layer_norm_0\((\w+), (\w+), (\w+), (\w+), ", text)
+    assert m, "expected the inference example's layer norm kernel"
+    w, b = m.group(3), m.group(4)
+    return text.replace(m.group(0), m.group(0).replace(f", {w}, {b}, ",
+                                                       f", torch.ones_like({w}), torch.zeros_like({b}), "), 1)
+
+
+def addmm_in_bfloat16(text: str) -> str:
+    """Runs the matmuls in bfloat16 and casts back: the precision downgrade."""
+    rx = re.compile(r"extern_kernels\.addmm\((\w+), (\w+), (reinterpret_tensor\(\w+, \([^)]*\), \([^)]*\), \d+\)), "
+                    r"alpha=1, beta=1, out=(\w+)\)")
+    assert rx.search(text)
+    return rx.sub(r"\4.copy_(torch.addmm(\1.bfloat16(), \2.bfloat16(), \3.bfloat16()).float())", text)
+
+
+def mm_instead_of_loops(text: str) -> str:
+    """The honest win for tests/fixtures/slow_matmul.py: an extern mm + tanh instead of scalar loops."""
+    rx = re.compile(r"cpp_fused_mul_sum_tanh_unsqueeze_0\((\w+), (\w+), (\w+)\)")
+    assert rx.search(text)
+    return rx.sub(r"extern_kernels.mm(\2, \3, out=\1); torch.tanh(\1, out=\1)", text)
+
+
+# Cheats the static screen must stop before anything runs: (code expected, source edit).
+STATIC_CHEATS = {
+    "side-thread": ("static-threads", "import threading\nthreading.Thread(target=lambda: None).start()"),
+    "timer-patch": ("static-timing", "import time\ntime.perf_counter_ns = lambda: 0"),
+    "torch-patch": ("static-patching", "torch.cuda.synchronize = lambda *a: None"),
+    "env-read": ("static-environment", "_key = os.environ.get('OPENAI_API_KEY')"),
+    "file-read": ("static-files", "_data = open('/etc/hostname').read()"),
+    "abort": ("static-processes", "os.abort()"),
+    "frames": ("static-frames", "import sys\n_caller = sys._getframe(1)"),
+    "exec": ("static-dynamic-code", "exec('x = 1')"),
+    "ctypes": ("static-native", "import ctypes\nctypes.CDLL(None)"),
+    "module-cache": ("static-module-state", "_CACHE = {}\ndef _remember(k, v):\n    _CACHE[k] = v"),
+    "global": ("static-module-state", "def _bump():\n    global _n\n    _n = 1"),
+    "new-stream": ("static-streams", "_s = torch.cuda.Stream()"),
+    "subprocess": ("static-processes", "import subprocess\nsubprocess.run(['true'])"),
+}
+
+
+def with_module_code(text: str, code: str) -> str:
+    return text + "\n" + code + "\n"

@@ -1,0 +1,141 @@
+"""The gate against real captured Inductor wrappers and real worker subprocesses: one adversarial
+candidate per loophole class, each rejected at the right stage for the right reason; the original
+rejected as not faster; an honestly faster candidate accepted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import gate_helpers as h
+from tilesmith.gate import Policy, Verdict, judge
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def one_thread_workers(monkeypatch):
+    """Workers inherit this: on a small shared CI machine, OpenMP threads spinning against other jobs
+    make CPU timings swing by 10x; one thread keeps the tests quick and their speedups real."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def _policy(**kw) -> Policy:
+    base = dict(min_improvement=0.02, seed=0, time_budget_s=8.0, call_timeout_s=120.0, load_timeout_s=600.0)
+    return Policy(**{**base, **kw})
+
+
+@pytest.fixture(scope="session")
+def inf_graph(inference_ws) -> Path:
+    return h.graph_of(inference_ws)
+
+
+@pytest.fixture(scope="session")
+def slow_graph(tmp_path_factory, inductor_cache) -> Path:
+    from tests.conftest import run_capture_subprocess
+
+    ws = tmp_path_factory.mktemp("ws-slow") / "ws"
+    p = run_capture_subprocess(FIXTURES / "slow_matmul.py", ws)
+    assert p.returncode == 0, p.stderr
+    return h.graph_of(ws)
+
+
+def _judge(graph: Path, text: str, tmp_path: Path, **policy) -> Verdict:
+    cand = tmp_path / "candidate.py"
+    cand.write_text(text)
+    v = judge(graph, cand, _policy(**policy))
+    assert Verdict.from_dict(v.to_dict()) == v  # every verdict survives its JSON round trip
+    return v
+
+
+def _original(graph: Path) -> str:
+    return (graph / "wrapper.py").read_text()
+
+
+def test_gate_rejects_the_original_itself_as_not_faster(inf_graph, tmp_path):
+    v = _judge(inf_graph, _original(inf_graph), tmp_path)
+    assert not v.accepted
+    assert v.stage == "timing" and v.codes == ["not-faster"]
+    assert all(c.ok and c.max_abs_error == 0.0 for c in v.first.correctness)
+    assert v.reference64 and v.first.correctness[0].ref64_original_abs_error > 0
+    t = v.first.timing
+    assert t.samples == len(t.baseline_ns) == len(t.candidate_ns) >= 12
+    assert t.speedup_low < 1.02 and t.speedup_low <= t.speedup <= t.speedup_high
+
+
+def test_gate_accepts_a_candidate_that_is_genuinely_faster(slow_graph, tmp_path):
+    v = _judge(slow_graph, h.mm_instead_of_loops(_original(slow_graph)), tmp_path)
+    assert v.accepted, v.reasons
+    assert v.stage == "confirmation" and v.reasons == []
+    for p in (v.first, v.confirmation):
+        assert p.timing.speedup_low > 1.02 and p.timing.candidate_ms < p.timing.baseline_ms
+        assert all(c.ok for c in p.correctness)
+    assert v.first.seed != v.confirmation.seed
+    import hashlib
+
+    assert v.candidate_sha256 == hashlib.sha256((tmp_path / "candidate.py").read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("maker,code", [
+    (h.caches_outputs_by_pointer, "cached-across-calls"),
+    (h.reuses_output_buffer, "outputs-overwritten"),
+    (h.mutates_an_input, "input-mutated"),
+    (h.skips_layer_norm_affine, "wrong-values"),
+    (h.addmm_in_bfloat16, "precision"),
+    (h.raises, "raised"),
+    (h.segfaults, "crashed"),
+])
+def test_gate_rejects_a_cheating_or_broken_candidate_at_correctness(inf_graph, tmp_path, maker, code):
+    v = _judge(inf_graph, maker(_original(inf_graph)), tmp_path)
+    assert not v.accepted
+    assert v.stage == "correctness", v.reasons
+    assert code in v.codes, v.reasons
+    assert v.first.timing is None
+
+
+def test_gate_rejects_hard_coded_outputs_that_are_right_only_on_the_captured_inputs(inf_graph, tmp_path):
+    from tilesmith import loading
+
+    out = loading.load_graph_data(inf_graph).outputs[0]
+    v = _judge(inf_graph, h.returns_hardcoded(_original(inf_graph), out), tmp_path)
+    assert not v.accepted and v.stage == "correctness" and "wrong-values" in v.codes
+    captured = next(c for c in v.first.correctness if c.name == "captured")
+    assert captured.ok and captured.max_abs_error == 0.0  # it fooled the captured inputs, nothing else
+    assert any(not c.ok for c in v.first.correctness if c.name != "captured")
+
+
+def test_gate_kills_a_candidate_that_hangs_and_reports_a_timeout(inf_graph, tmp_path):
+    v = _judge(inf_graph, h.hangs(_original(inf_graph)), tmp_path, call_timeout_s=20.0)
+    assert not v.accepted and v.stage == "correctness" and v.codes == ["timeout"]
+    assert v.wall_s < 120
+
+
+def test_gate_rejects_a_candidate_that_fails_to_load(inf_graph, tmp_path):
+    v = _judge(inf_graph, h.raises_at_import(_original(inf_graph)), tmp_path)
+    assert not v.accepted and v.stage == "load" and v.codes == ["raised"]
+    assert "candidate cannot load" in v.reasons[0].message
+
+
+@pytest.mark.parametrize("name", sorted(h.STATIC_CHEATS))
+def test_gate_stops_obvious_cheats_at_the_static_screen(inf_graph, tmp_path, name):
+    code, snippet = h.STATIC_CHEATS[name]
+    v = _judge(inf_graph, h.with_module_code(_original(inf_graph), snippet), tmp_path)
+    assert not v.accepted and v.stage == "static"
+    assert code in v.codes, v.reasons
+    assert v.first is None and v.wall_s < 10  # nothing ran
+
+
+def test_gate_output_files_contain_raw_tensors_only(inf_graph, tmp_path):
+    """The deciding process never unpickles code from a worker: weights_only loads reject it."""
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    f = tmp_path / "evil.pt"
+    torch.save({"sets": [Evil()]}, f)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(f, weights_only=True)
