@@ -1,0 +1,226 @@
+"""The runtime, end to end, in fresh processes with real Inductor on CPU.
+
+Most tests install artifacts through the store API directly, bypassing the gate on purpose: they are
+Inductor's own captured wrappers plus a marker line (and, where a test says so, an output
+perturbation), so that *which code ran* is visible in the program's behaviour. The gate would (rightly)
+reject such artifacts. The one test that goes through submit -> gate -> install uses a genuinely
+faster wrapper (tests/fixtures/slow_pointwise.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, run_capture_subprocess
+from tilesmith import store
+from tilesmith.workspace import load as load_ws
+
+FIXTURES = Path(__file__).parent / "fixtures"
+DRIVER = FIXTURES / "with_runtime.py"
+SLOW = FIXTURES / "slow_pointwise.py"
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def run(script: Path, *args: str, cache: Path, runtime: bool = True, env: dict | None = None, timeout: int = 600):
+    """Run `script` in a fresh interpreter on Inductor cache `cache`; with the runtime imported when asked."""
+    cmd = [sys.executable, str(DRIVER), str(script), *args] if runtime else [sys.executable, str(script), *args]
+    e = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    e.pop("TILESMITH_RUNTIME_STRICT", None)
+    e.update(env or {})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def stats_of(p) -> dict:
+    lines = [line for line in p.stdout.splitlines() if line.startswith("TILESMITH_STATS ")]
+    assert lines, p.stdout + p.stderr
+    return json.loads(lines[-1].split(" ", 1)[1])
+
+
+def number(p, label: str) -> float:
+    m = re.search(rf"{label} (-?[\d.]+(?:e[-+]?\d+)?)", p.stdout)
+    assert m, p.stdout + p.stderr
+    return float(m.group(1))
+
+
+def marker_artifact(wrapper_text: str, key: str, perturb: bool = False) -> bytes:
+    """Inductor's captured wrapper plus a marker appended on every call; `perturb` adds 1000 to the output."""
+    text = wrapper_text.replace("\nimport torch\n", "\nimport torch\nimport builtins as _tilesmith_b\n", 1)
+    marker = rf"\1args.clear()\n\1_tilesmith_b.__dict__.setdefault('tilesmith_test_hits', []).append('{key[:12]}')"
+    text, n = re.subn(r"^(\s*)args\.clear\(\)$", marker, text, count=1, flags=re.M)
+    assert n == 1 and "_tilesmith_b" in text
+    if perturb:
+        text, n = re.subn(r"^(\s*)return \((\w+), \)$", r"\1\2.add_(1000.0)\n\1return (\2, )", text, count=1, flags=re.M)
+        assert n == 1
+    return text.encode()
+
+
+def install_direct(ws: Path, key: str, data: bytes, environment: dict | None = None) -> None:
+    meta = json.loads((ws / "graphs" / key / "graph.json").read_text())
+    store.put(key, data, kind=meta["kind"], environment=environment or meta["environment"],
+              evidence=store.Evidence(2.0, 1.5, 2.5, "launch", 10), provenance={"optimizer": "test (gate bypassed)"})
+
+
+def keys(ws: Path) -> list[str]:
+    return sorted(g.key for g in load_ws(ws).graphs)
+
+
+def warnings_in(p) -> list[str]:
+    return [line for line in p.stderr.splitlines() if line.startswith("tilesmith: ")]
+
+
+# -- fixtures --------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def slow_ws(tmp_path_factory, inductor_cache):
+    ws = tmp_path_factory.mktemp("ws-slow") / "ws"
+    p = run_capture_subprocess(SLOW, ws, "--slow")
+    assert p.returncode == 0, p.stderr
+    return ws
+
+
+@pytest.fixture(scope="session")
+def fast_ws(tmp_path_factory, inductor_cache):
+    ws = tmp_path_factory.mktemp("ws-fast") / "ws"
+    p = run_capture_subprocess(SLOW, ws)
+    assert p.returncode == 0, p.stderr
+    return ws
+
+
+@pytest.fixture(scope="module")
+def inference_baseline(inference_ws, inductor_cache):
+    """The session's Inductor cache (warm: the capture compiled the example into it) and the checksum
+    the example prints there without tilesmith."""
+    cache = inductor_cache
+    p = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache, runtime=False)
+    assert p.returncode == 0, p.stderr
+    return cache, number(p, "checksum")
+
+
+# -- tests -----------------------------------------------------------------------------------------
+def test_import_tilesmith_runtime_registers_lazily_and_loads_no_inductor_or_cli_modules():
+    code = ("import sys, tilesmith.runtime as r; from tilesmith.runtime import hook; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'typer', 'rich', 'langchain', "
+            "'deepagents', 'tilesmith_cli')]; "
+            "print(bad, hook.is_patched(), r._handle in hook.handlers()); "
+            "import torch._inductor.output_code as oc; print(hook.is_patched(), oc.CompiledFxGraph.post_compile._tilesmith)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:2] == ["[] False True", "True True"]
+
+
+def test_gate_accepted_faster_candidate_is_installed_and_runs_on_cold_and_warm_inductor_caches(
+        tmp_path, slow_ws, fast_ws):
+    from tilesmith.gate.verdict import Policy
+    from tilesmith.install import install
+    from tilesmith.submit import submit
+
+    (slow_key,), (fast_key,) = keys(slow_ws), keys(fast_ws)
+    assert slow_key != fast_key  # two different wrappers of the same graph
+    result = submit(slow_ws / "graphs" / slow_key, fast_ws / "graphs" / fast_key / "wrapper.py",
+                    Policy(time_budget_s=8.0))
+    assert result.accepted, result.verdict["reasons"]
+    installed = install(result.run_id)
+    assert [(g.key, g.status) for g in installed.graphs] == [(slow_key, "installed")]
+    assert store.artifact_path(slow_key).read_bytes() == (fast_ws / "graphs" / fast_key / "wrapper.py").read_bytes()
+
+    cache = tmp_path / "cache"
+    cold = run(SLOW, "--slow", cache=cache)
+    warm = run(SLOW, "--slow", cache=cache)
+    for p in (cold, warm):
+        assert p.returncode == 0, p.stderr
+        s = stats_of(p)
+        assert (s["graphs_seen"], s["substituted"], s["fallbacks"]) == (1, 1, [])
+        assert s["substituted_keys"] == [slow_key]
+        assert number(p, "max_err") < 1e-5  # the script compares with eager PyTorch
+
+
+def test_every_training_graph_is_substituted_on_cold_and_warm_caches_with_the_same_loss(tmp_path, training_ws):
+    ks = keys(training_ws)
+    assert len(ks) == 4  # fw and bw on both sides of the graph break
+    for k in ks:
+        install_direct(training_ws, k, marker_artifact((training_ws / "graphs" / k / "wrapper.py").read_text(), k))
+    cache = tmp_path / "cache"
+    cold = run(EXAMPLES / "training.py", "--steps", "2", cache=cache)
+    warm = run(EXAMPLES / "training.py", "--steps", "2", cache=cache)  # FX- and AOTAutograd-cache hits
+    plain = run(EXAMPLES / "training.py", "--steps", "2", cache=cache, runtime=False)
+    for p in (cold, warm):
+        assert p.returncode == 0, p.stderr
+        s = stats_of(p)
+        assert (s["graphs_seen"], s["substituted"], s["fallbacks"]) == (4, 4, [])
+        assert sorted(s["substituted_keys"]) == ks
+        assert sorted(set(s["marker_hits"])) == sorted(k[:12] for k in ks)  # the artifacts' code ran
+        assert len(s["marker_hits"]) == 8  # 4 graphs x 2 steps
+        assert number(p, "loss") == number(plain, "loss")
+    assert plain.returncode == 0 and "TILESMITH_STATS" not in plain.stdout
+
+
+def test_perturbed_inference_artifact_shows_in_the_output_and_never_leaks_into_inductors_cache(
+        inference_ws, inference_baseline):
+    cache, baseline = inference_baseline
+    (k,) = keys(inference_ws)
+    install_direct(inference_ws, k, marker_artifact((inference_ws / "graphs" / k / "wrapper.py").read_text(), k, True))
+    # Warm cache only: the cold path is covered by the training and the gate tests.
+    p = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)
+    s = stats_of(p)
+    assert (s["substituted"], s["marker_hits"]) == (1, [k[:12], k[:12]])
+    assert number(p, "checksum") != baseline
+    # The same warm cache without the runtime: Inductor's own code again (the cache is not polluted).
+    plain = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache, runtime=False)
+    assert number(plain, "checksum") == baseline
+
+
+@pytest.mark.parametrize("case", ["tampered", "wrong-environment", "raises-at-import", "missing-file"])
+def test_unusable_artifact_falls_back_to_inductors_code_with_one_warning(case, inference_ws, inference_baseline):
+    cache, baseline = inference_baseline
+    (k,) = keys(inference_ws)
+    good = marker_artifact((inference_ws / "graphs" / k / "wrapper.py").read_text(), k, perturb=True)
+    env = json.loads((inference_ws / "graphs" / k / "graph.json").read_text())["environment"]
+    if case == "wrong-environment":
+        install_direct(inference_ws, k, good, environment={**env, "torch": "0.0.1"})
+    elif case == "raises-at-import":
+        install_direct(inference_ws, k, good + b"\nraise RuntimeError('artifact exploded')\n")
+    else:
+        install_direct(inference_ws, k, good)
+        if case == "tampered":
+            store.artifact_path(k).write_bytes(good.replace(b"1000.0", b"2000.0"))
+        else:
+            store.artifact_path(k).unlink()
+    p = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)
+    assert p.returncode == 0, p.stderr
+    s = stats_of(p)
+    assert (s["graphs_seen"], s["substituted"], s["marker_hits"]) == (1, 0, [])
+    assert number(p, "checksum") == baseline
+    why = {"tampered": "do not match the manifest", "wrong-environment": "another environment",
+           "raises-at-import": "artifact exploded", "missing-file": "artifact file missing"}[case]
+    assert len(s["fallbacks"]) == 1 and why in s["fallbacks"][0]["reason"]
+    (w,) = warnings_in(p)
+    assert w.startswith(f"tilesmith: {k[:12]}: ") and why in w and w.endswith("using Inductor's code")
+
+
+def test_strict_mode_turns_a_fallback_into_an_error(inference_ws, inference_baseline):
+    cache, _ = inference_baseline
+    (k,) = keys(inference_ws)
+    install_direct(inference_ws, k, b"# not what the manifest says\n")
+    store.artifact_path(k).write_bytes(b"# tampered\n")
+    p = run(EXAMPLES / "inference.py", cache=cache, env={"TILESMITH_RUNTIME_STRICT": "1"})
+    assert p.returncode != 0
+    assert f"tilesmith: {k[:12]}: artifact bytes do not match" in p.stderr
+
+
+def test_capture_records_inductors_own_code_even_with_an_artifact_installed(tmp_path, inference_ws):
+    (k,) = keys(inference_ws)
+    install_direct(inference_ws, k, marker_artifact((inference_ws / "graphs" / k / "wrapper.py").read_text(), k, True))
+    ws = tmp_path / "ws"
+    p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--steps", "1")
+    assert p.returncode == 0, p.stderr
+    assert keys(ws) == [k]
+    from tilesmith.replay import replay
+
+    r = replay(ws / "graphs" / k)  # captured outputs come from Inductor's wrapper, not the perturbed artifact
+    assert r.ok, r.problems
