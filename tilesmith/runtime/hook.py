@@ -11,7 +11,6 @@ moment `torch._inductor.output_code` is first imported (that import costs ~2 s, 
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import inspect
 import logging
@@ -104,8 +103,10 @@ def _patch(module) -> None:
     _state["patched"] = True
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patches `torch._inductor.output_code` right after its module body runs."""
+class _Finder:
+    """Patches `torch._inductor.output_code` right after its module body runs.
+
+    A plain class (sys.meta_path needs only find_spec): importlib.abc costs ~10-30 ms to import."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname != TARGET:
