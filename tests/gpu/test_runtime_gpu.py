@@ -1,0 +1,54 @@
+"""The runtime on CUDA (run on the GPU machine: `make gpu-test`): a gate-accepted candidate on plain
+launches and under mode="reduce-overhead" (CUDA graphs capture the artifact's code), and a perturbed
+artifact whose effect shows through CUDA-graph replays. Artifacts with markers bypass the gate on
+purpose (see tests/test_runtime.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.conftest import EXAMPLES, run_capture_subprocess  # noqa: E402
+from tests.test_runtime import SLOW, install_direct, keys, marker_artifact, number, run, stats_of  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_gpu_gate_accepted_faster_candidate_is_loaded_with_and_without_cuda_graphs(tmp_path, mode, inductor_cache):
+    from tilesmith.gate.verdict import Policy
+    from tilesmith.install import install
+    from tilesmith.submit import submit
+
+    extra = ["--device", "cuda", "--mode", mode]
+    slow, fast = tmp_path / "slow", tmp_path / "fast"
+    assert run_capture_subprocess(SLOW, slow, "--slow", *extra).returncode == 0
+    assert run_capture_subprocess(SLOW, fast, *extra).returncode == 0
+    (sk,), (fk,) = keys(slow), keys(fast)
+    result = submit(slow / "graphs" / sk, fast / "graphs" / fk / "wrapper.py", Policy(time_budget_s=8.0))
+    assert result.accepted, result.verdict["reasons"]
+    assert install(result.run_id).graphs[0].status == "installed"
+    for cache in (tmp_path / "cache", tmp_path / "cache"):  # cold, then warm
+        p = run(SLOW, "--slow", "--steps", "4", *extra, cache=cache)
+        assert p.returncode == 0, p.stderr
+        s = stats_of(p)
+        assert (s["substituted"], s["fallbacks"], s["substituted_keys"]) == (1, [], [sk])
+        assert number(p, "max_err") < 1e-4
+
+
+def test_gpu_perturbed_artifact_is_what_the_cuda_graph_replays(tmp_path, inductor_cache):
+    ws = tmp_path / "ws"
+    args = ["--device", "cuda", "--mode", "reduce-overhead", "--steps", "5"]
+    assert run_capture_subprocess(EXAMPLES / "inference.py", ws, *args).returncode == 0
+    (k,) = keys(ws)
+    baseline = number(run(EXAMPLES / "inference.py", *args, cache=tmp_path / "c", runtime=False), "checksum")
+    install_direct(ws, k, marker_artifact((ws / "graphs" / k / "wrapper.py").read_text(), k, perturb=True))
+    for cache in (tmp_path / "c2", tmp_path / "c2"):
+        p = run(EXAMPLES / "inference.py", *args, cache=cache)
+        assert p.returncode == 0, p.stderr
+        s = stats_of(p)
+        assert s["substituted"] == 1 and s["fallbacks"] == []
+        # CUDA-graph replays skip Python: the marker runs at warm-up/record only, yet every output is perturbed.
+        assert 1 <= len(s["marker_hits"]) < 5
+        assert number(p, "checksum") > baseline + 1000
