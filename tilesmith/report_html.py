@@ -17,8 +17,9 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 table{border-collapse:collapse;margin:8px 0;width:100%}th,td{border-bottom:1px solid #e5e7ef;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f4f5fa;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .cards{display:flex;gap:12px;flex-wrap:wrap}.card{border:1px solid #dde;border-radius:6px;padding:10px 14px;min-width:180px}
-.card b{display:block;font-size:20px}svg.chart{display:block;background:#fbfbfe;border:1px solid #e5e7ef;border-radius:6px;margin:8px 0}
+.card b{display:block;font-size:20px}svg.chart{display:block;max-width:100%;height:auto;background:#fbfbfe;border:1px solid #e5e7ef;border-radius:6px;margin:8px 0}
 svg text{font:12px system-ui,sans-serif;fill:#1d2330}code{font-size:12px}
+#layout-facts{white-space:pre-wrap;word-break:break-all;font-size:11px}
 """
 
 # After layout: record each chart's rendered size and mark count, so a headless browser's DOM dump
@@ -135,7 +136,7 @@ def _candidates_chart(r: Report) -> str:
            f"<line x1='{left}' x2='{_W - 20}' y1='{y(1.0):.2f}' y2='{y(1.0):.2f}' stroke='#e15759' stroke-dasharray='4 3'/>",
            f"<text x='8' y='{y(1.0) + 4:.2f}'>1×</text><text x='8' y='{top_pad + 10}'>{hi_v:.3g}×</text>",
            f"<text x='8' y='{h - bottom - 4}' class='muted'>no timing</text>",
-           f"<text x='{left}' y='{h - 8}'>0</text><text x='{_W - 90}' y='{h - 8}'>"
+           f"<text x='{left}' y='{h - 8}'>0</text><text x='{_W - 20}' y='{h - 8}' text-anchor='end'>"
            f"{(f'{xmax:.0f} s since start' if use_time else f'{len(cs)} verdicts')}</text>"]
     keys = sorted({c.key for c in cs})
     for c, xv in zip(cs, xs):
