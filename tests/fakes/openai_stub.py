@@ -1,0 +1,119 @@
+"""A local OpenAI-compatible server (stdlib) on 127.0.0.1 for the agent tests.
+
+GET  /v1/models            the model list; `models_after_s` keeps the model unlisted for a while
+                           (a gateway still loading it)
+POST /v1/chat/completions  route(request_json) -> {"content": str, "tool_calls": [(name, args), ...]};
+                           `fail_first=k` answers the first k requests with HTTP 500
+Every request is recorded (method, path, Authorization header, body).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+
+class StubOpenAI:
+    def __init__(self, route: Callable[[dict], dict], model: str = "stub-model", fail_first: int = 0,
+                 models_after_s: float = 0.0):
+        self.route, self.model, self.fail_first = route, model, fail_first
+        self.requests: list[dict] = []
+        self.chat_answers = 0  # successful chat completions
+        self._lock = threading.Lock()
+        self._n = 0
+        self._listed_at = time.monotonic() + models_after_s
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code: int, obj: Any) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                stub._record(self, None)
+                if self.path.rstrip("/").endswith("/models"):
+                    ids = [stub.model] if time.monotonic() >= stub._listed_at else []
+                    return self._send(200, {"object": "list", "data": [
+                        {"id": "other-model", "object": "model", "created": 0, "owned_by": "stub"}] + [
+                        {"id": i, "object": "model", "created": 0, "owned_by": "stub"} for i in ids]})
+                self._send(404, {"error": {"message": "not found"}})
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(n) or b"{}")
+                stub._record(self, body)
+                if not self.path.endswith("/chat/completions"):
+                    return self._send(404, {"error": {"message": f"{self.path} not supported"}})
+                with stub._lock:
+                    stub._n += 1
+                    fail = stub._n <= stub.fail_first
+                if fail:
+                    return self._send(500, {"error": {"message": "stub transient 500", "type": "server_error"}})
+                turn = stub.route(body)
+                with stub._lock:
+                    stub.chat_answers += 1
+                if body.get("stream"):
+                    return self._stream(body, turn)
+                self._send(200, stub._completion(body, turn))
+
+            def _stream(self, body, turn):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                cid, created = f"chatcmpl-{time.time_ns()}", int(time.time())
+
+                def ev(delta, finish=None, usage=None, choices=True):
+                    chunk = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": stub.model,
+                             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}] if choices else []}
+                    if usage is not None:
+                        chunk["usage"] = usage
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+                ev({"role": "assistant", "content": turn.get("content") or ""})
+                for i, (name, args) in enumerate(turn.get("tool_calls", [])):
+                    ev({"tool_calls": [{"index": i, "id": f"call_{cid[-8:]}_{i}", "type": "function",
+                                        "function": {"name": name, "arguments": json.dumps(args)}}]})
+                ev({}, finish="tool_calls" if turn.get("tool_calls") else "stop")
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    ev(None, usage=stub._usage(body), choices=False)
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _record(self, h, body):
+        with self._lock:
+            self.requests.append({"method": h.command, "path": h.path, "auth": h.headers.get("Authorization"),
+                                  "body": body})
+
+    @staticmethod
+    def _usage(body):
+        p = sum(len(json.dumps(m)) for m in body.get("messages", [])) // 4
+        return {"prompt_tokens": p, "completion_tokens": 7, "total_tokens": p + 7}
+
+    def _completion(self, body, turn):
+        tcs = [{"id": f"call_{time.time_ns()}_{i}", "type": "function",
+                "function": {"name": n, "arguments": json.dumps(a)}} for i, (n, a) in enumerate(turn.get("tool_calls", []))]
+        msg = {"role": "assistant", "content": turn.get("content") or ("" if tcs else "ok")}
+        if tcs:
+            msg["tool_calls"] = tcs
+        return {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model, "choices": [{"index": 0, "message": msg,
+                                                  "finish_reason": "tool_calls" if tcs else "stop"}],
+                "usage": self._usage(body)}
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

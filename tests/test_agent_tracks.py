@@ -1,0 +1,161 @@
+"""The agent optimizer end to end: a scripted chat model drives the real Deep Agent stack (files,
+shell, evaluate, subagents) through the real optimize driver and the real gate on captured wrappers."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepagents")
+
+from langchain_core.messages import AIMessage  # noqa: E402
+
+from tests import agent_helpers as H  # noqa: E402
+from tests.conftest import run_capture_subprocess  # noqa: E402
+from tests.fakes.chat import ScriptedChatModel, ai, first_human, tc, text  # noqa: E402
+from tilesmith import runs, store  # noqa: E402
+from tilesmith.optimize import OptimizeSettings, optimize  # noqa: E402
+from tilesmith.search.agent_provider import register_model  # noqa: E402
+
+FIXTURE = Path(__file__).parent / "fixtures" / "slow_two_matmuls.py"
+
+
+@pytest.fixture(scope="module")
+def slow_ws(tmp_path_factory, inductor_cache):
+    ws = tmp_path_factory.mktemp("ws-two-matmuls") / "ws"
+    p = run_capture_subprocess(FIXTURE, ws)
+    assert p.returncode == 0, p.stderr
+    return ws
+
+
+@pytest.fixture(scope="module")
+def vectorized_text(tmp_path_factory, inductor_cache) -> str:
+    ws = tmp_path_factory.mktemp("ws-two-matmuls-vec") / "ws"
+    p = run_capture_subprocess(FIXTURE, ws, "--vectorized")
+    assert p.returncode == 0, p.stderr
+    (g,) = sorted((ws / "graphs").iterdir())
+    return (g / "wrapper.py").read_text()
+
+
+def _graph(ws: Path) -> Path:
+    (g,) = sorted((ws / "graphs").iterdir())
+    return g
+
+
+def attempt_of(messages) -> str:
+    """The attempt the host named in its latest message to the main agent."""
+    human = [text(m) for m in messages if m.type == "human"]
+    return re.findall(r"Current attempt: (/attempts/attempt_\d\d\.py)", human[-1])[-1]
+
+
+def last_tool_output(messages) -> str:
+    return text(messages[-1]) if messages[-1].type == "tool" else ""
+
+
+class Script:
+    """Main-agent steps in order (callables of the messages, or messages); subagent calls are answered
+    by `sub(messages)`. Main calls are sequential (the main agent waits on `task`), so one iterator works."""
+
+    def __init__(self, main: list, sub=None):
+        self.main, self.sub, self.seen = iter(main), sub, []
+
+    def __call__(self, messages, n):
+        if first_human(messages).startswith("SUBTASK"):
+            return self.sub(messages)
+        step = next(self.main, None)
+        if step is None:
+            return ai("nothing more to try")
+        msg = step(messages) if callable(step) else step
+        self.seen.append(msg)
+        return msg
+
+
+def _run(ws, name, script, **settings):
+    model = ScriptedChatModel(reply=script)
+    register_model(name, lambda: model)
+    try:
+        s = OptimizeSettings(optimizer="agent", model=name, gate_time_budget_s=1.0, **settings)
+        result = optimize(ws, s)
+    finally:
+        register_model(name, None)
+    return result, model
+
+
+def _tuner_sub(messages):
+    """The kernel-tuner subagent: looks at the attempt with the shell, then reports."""
+    n_ai = sum(1 for m in messages if m.type == "ai")
+    if n_ai == 0:
+        return ai("", tc("execute", command="grep -c 'pragma omp for' attempts/*.py | head -3"))
+    return ai(f"SUBREPORT nothing to tune: {last_tool_output(messages)[:60]}")
+
+
+def test_agent_track_edits_runs_shell_evaluates_delegates_and_the_gate_rejects_its_cheat(slow_ws, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-parent-secret")
+    cheat_line = "_key = os.environ.get('OPENAI_API_KEY')"
+    script = Script([
+        ai("", tc("write_todos", todos=[{"content": "profile, edit, evaluate", "status": "in_progress"}])),
+        lambda ms: ai("", tc("read_file", file_path=attempt_of(ms), limit=20)),
+        lambda ms: ai("", tc("edit_file", file_path=attempt_of(ms), old_string="async_compile.wait(globals())",
+                             new_string="async_compile.wait(globals())\n" + cheat_line)),
+        ai("", tc("execute", command="echo KEY=[$OPENAI_API_KEY] HOME=$HOME; python -c 'import torch; print(torch.__version__)'")),
+        ai("", tc("evaluate")),
+        ai("", tc("task", description="SUBTASK: tune the C++ kernel's thread count", subagent_type="kernel-tuner")),
+        ai("I added a key lookup; submitting."),
+        # turn 2: the host's rejection arrives; the agent stops without a new edit
+        ai("I cannot beat it."),
+    ], sub=_tuner_sub)
+    result, model = _run(slow_ws, "scripted-cheat", script, max_model_calls=11)
+    (t,) = result.tracks
+    assert t.status == "exhausted" and t.loops_done == 0 and t.candidates == 1
+    assert t.rejected_by_stage == {"static": 1}
+    tdir = runs.track_dir(result.run_id, t.key)
+    assert not (tdir / "best.py").exists()  # the original stays
+
+    events = json.loads((tdir / "profiles" / "turn_001.json").read_text())
+    tools = [e["tool"] for e in events["events"] if e["kind"] == "tool_call"]
+    for name in ("write_todos", "read_file", "edit_file", "execute", "evaluate", "task"):
+        assert name in tools
+    assert events["model_calls"] == 9 and events["budget"]["this_turn"] == 9
+    assert events["budget"]["by_agent"] == {"tilesmith-optimizer": 7, "kernel-tuner": 2}
+    assert events["input_tokens"] > 0 and events["attempt_changed"] is True
+    out = {}  # tool -> outputs joined (main and subagent)
+    for e in events["events"]:
+        if e["kind"] == "tool_call":
+            out[e["tool"]] = out.get(e["tool"], "") + "\n" + e["output"]
+    assert "KEY=[]" in out["execute"] and "sk-parent-secret" not in json.dumps(events)
+    assert "static-environment" in out["evaluate"]
+    assert "SUBREPORT" in out["task"]
+    verdict = json.loads((tdir / "profiles" / "verdict_000.json").read_text())
+    assert verdict["stage"] == "static" and "static-environment" in [r["code"] for r in verdict["reasons"]]
+    judged = (tdir / "attempts" / "attempt_00.py").read_text()
+    assert cheat_line in judged and verdict["candidate_sha256"] == store.sha256_bytes(judged.encode())
+
+    # turn 2 got the rejection as its message and ended without an edit; the budget then ran out
+    turn2 = json.loads((tdir / "profiles" / "turn_002.json").read_text())
+    assert "REJECTED" in turn2["message"] and "static-environment" in turn2["message"]
+    assert turn2["attempt_changed"] is False
+    assert len(model.calls) == 11  # 9 + 1 in turn 2 + 1 in turn 3 (the 11th permit); nothing blocked yet
+    assert model.calls[0]["tools"] and {"evaluate", "profile", "execute", "task", "write_todos"} <= set(model.calls[0]["tools"])
+    system = text(model.calls[0]["messages"][0])
+    assert "Agency MEDIUM" in system and "fp32_matmul_TFLOPs" in system and "cpp_fused" in system
+    assert "inductor-wrapper-abi" in system and "2.0%" in system
+
+
+def test_budget_of_n_model_calls_permits_exactly_n_across_parallel_subagents(slow_ws):
+    def sub(messages):  # each subagent would like three calls
+        n_ai = sum(1 for m in messages if m.type == "ai")
+        return ai("SUBREPORT done") if n_ai >= 2 else ai("", tc("ls", path="/attempts"))
+
+    script = Script([ai("", tc("task", description="SUBTASK a", subagent_type="kernel-tuner"),
+                           tc("task", description="SUBTASK b", subagent_type="general-purpose"))], sub=sub)
+    result, model = _run(slow_ws, "scripted-budget", script, max_model_calls=4)
+    (t,) = result.tracks
+    assert len(model.calls) == 4  # 4 permits, 4 real invocations; every later one was blocked
+    assert t.status == "exhausted" and t.candidates == 0
+    turn = json.loads((runs.track_dir(result.run_id, t.key) / "profiles" / "turn_001.json").read_text())
+    assert turn["budget"]["used"] == 4 and turn["budget"]["blocked"] >= 2
+    assert sum(turn["budget"]["by_agent"].values()) == 4 and set(turn["budget"]["by_agent"]) > {"tilesmith-optimizer"}
+    assert "[budget]" in turn["final_answer"]

@@ -1,0 +1,74 @@
+"""The agent's files and shell: a backend fenced to the track folder whose `execute` runs in that
+folder with only the variables we pass (never the parent's: no API keys), kills the whole process
+group on timeout, and caps its output."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from deepagents.backends import LocalShellBackend
+from deepagents.backends.protocol import ExecuteResponse
+
+# Variables the shell may inherit: what running Python/Triton/CUDA needs, nothing that can carry a secret.
+PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "LANG", "LC_ALL",
+                "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "OMP_NUM_THREADS", "TMPDIR")
+
+
+def shell_env(track_dir: Path) -> dict[str, str]:
+    """The shell's whole environment: PATH with this interpreter first, HOME in the scratch folder."""
+    bindirs = [str(Path(sys.executable).parent)]
+    for tool in ("nvcc", "ncu", "nsys"):
+        found = shutil.which(tool)
+        if found:
+            bindirs.append(str(Path(found).parent))
+    home = Path(track_dir) / "scratch" / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {"PATH": ":".join(dict.fromkeys(bindirs + ["/usr/local/bin", "/usr/bin", "/bin"])),
+           "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+    env.update({k: os.environ[k] for k in PASS_THROUGH if k in os.environ})
+    return env
+
+
+class GroupKillShellBackend(LocalShellBackend):
+    """LocalShellBackend kills only /bin/sh on timeout; grandchildren and background jobs would
+    outlive it (and hold stdout open). Run the command in its own session and kill the group."""
+
+    def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
+        if not command or not isinstance(command, str):
+            return ExecuteResponse(output="Error: the command must be a non-empty string.", exit_code=1)
+        limit_s = timeout if timeout is not None else self._default_timeout
+        proc = subprocess.Popen(command, shell=True, cwd=str(self.cwd), env=self._env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = False
+        try:
+            raw, _ = proc.communicate(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            raw, _ = proc.communicate()
+        else:
+            # The command finished; anything it left running in the background goes too.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out = (raw or b"").decode("utf-8", "replace")
+        cap = self._max_output_bytes
+        truncated = len(out.encode()) > cap
+        if truncated:  # keep the end: errors and results are printed last
+            out = "... (output truncated to its last %d bytes)\n" % cap + out.encode()[-cap:].decode("utf-8", "ignore")
+        if timed_out:
+            return ExecuteResponse(output=f"{out}\nError: the command timed out after {limit_s} s (process group killed).",
+                                   exit_code=124, truncated=truncated)
+        out = out or "<no output>"
+        if proc.returncode:
+            out = f"{out.rstrip()}\n\nExit code: {proc.returncode}"
+        return ExecuteResponse(output=out, exit_code=proc.returncode, truncated=truncated)
