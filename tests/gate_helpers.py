@@ -46,9 +46,10 @@ def _before_return(text: str, code: str) -> str:
 def caches_outputs_by_pointer(text: str) -> str:
     """Remembers outputs keyed on the first input's address (the CUDA-L1 cache)."""
     a = _first_arg(text)
-    text = _after_clear(text, f"for _key, _out in self.partitions:\n    if _key == {a}.data_ptr():\n        return _out")
+    text = _after_clear(text, f"_ptr = {a}.data_ptr()\nfor _key, _out in self.partitions:\n    if _key == _ptr:\n"
+                              "        return _out")
     name = _return_name(text)
-    return _before_return(text, f"self.partitions.append(({a}.data_ptr(), ({name}, )))")
+    return _before_return(text, f"self.partitions.append((_ptr, ({name}, )))")
 
 
 def reuses_output_buffer(text: str) -> str:

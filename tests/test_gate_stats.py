@@ -1,0 +1,118 @@
+"""Pure parts of the gate: timing statistics, sample plausibility, input sets, verdict JSON, policy."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from tilesmith.gate import Policy, Verdict
+from tilesmith.gate import timing
+from tilesmith.gate.correctness import compare_values
+from tilesmith.gate.inputs import make_sets
+from tilesmith.gate.verdict import Pass, Reason, SetCorrectness, Timing
+
+
+def _samples(ratio: float, n: int, noise: float, seed: int) -> tuple[list[int], list[int]]:
+    rng = random.Random(seed)
+    b, c = [], []
+    for _ in range(n):
+        drift = math.exp(rng.gauss(0, 0.2))  # shared by the pair: the machine got slower or faster
+        b.append(int(1e6 * drift * math.exp(rng.gauss(0, noise))))
+        c.append(int(1e6 / ratio * drift * math.exp(rng.gauss(0, noise))))
+    return b, c
+
+
+def test_t_quantile_matches_known_values():
+    assert timing.t_quantile(0.975, 10) == pytest.approx(2.228, abs=0.01)
+    assert timing.t_quantile(0.995, 30) == pytest.approx(2.750, abs=0.01)
+    assert timing.t_quantile(0.95, 1e9) == pytest.approx(1.645, abs=0.001)
+
+
+def test_paired_estimate_accepts_a_real_speedup_and_rejects_equal_timings():
+    b, c = _samples(1.5, 40, 0.03, 1)
+    est = timing.estimate(b, c, 0.995)
+    assert est.low > 1.4 and timing.decide(est, 0.02) == "accept"
+    b, c = _samples(1.0, 200, 0.03, 2)
+    est = timing.estimate(b, c, 0.995)
+    assert est.low < 1.0 < est.high and timing.decide(est, 0.02) == "reject"
+
+
+def test_paired_estimate_false_accept_rate_on_equal_timings_stays_below_half_a_percent():
+    accepted = 0
+    for seed in range(400):
+        b, c = _samples(1.0, 24, 0.05, seed)
+        accepted += timing.decide(timing.estimate(b, c, 0.995), 0.02) == "accept"
+    assert accepted <= 2
+
+
+def test_paired_estimate_is_robust_to_a_few_preempted_samples():
+    b, c = _samples(1.3, 60, 0.02, 3)
+    for i in range(0, 60, 20):
+        b[i] *= 50  # the OS took the core away during three baseline samples
+    assert timing.estimate(b, c, 0.995).speedup == pytest.approx(1.3, rel=0.05)
+
+
+def test_samples_that_add_up_to_more_than_the_wall_clock_are_forged():
+    ns = {"baseline": [1_000_000] * 10, "candidate": [10] * 10}
+    assert timing.check_samples(ns, 10, 20_000_000) is None
+    assert timing.check_samples(ns, 10, 5_000_000).code == "timing-forged"
+    assert timing.check_samples({"baseline": [1] * 9, "candidate": [1] * 10}, 10, 10**9).code == "timing-forged"
+    assert timing.check_samples({"baseline": [1.5] * 10, "candidate": [1] * 10}, 10, 10**9).code == "timing-forged"
+
+
+def test_input_sets_keep_layout_and_integer_ranges_and_perturb_parameters():
+    idx = torch.tensor([3, 7, 5, 3])
+    x = torch.randn(8, 6).t()  # non-contiguous
+    w = torch.ones(6)
+    meta = {"inputs": [
+        {"kind": "tensor", "range": {"min": 3, "max": 7}, "parameter": False},
+        {"kind": "tensor", "range": {"min": -2.0, "max": 2.0, "mean": 0.0, "std": 1.0}, "parameter": False},
+        {"kind": "tensor", "range": {"min": 1.0, "max": 1.0, "mean": 1.0, "std": 0.0}, "parameter": True},
+        {"kind": "symint", "value": 5},
+    ]}
+    sets = dict(make_sets(meta, [idx, x, w, 5], seed=0, random_sets=4))
+    assert list(sets) == ["captured", "normal-0", "uniform-1", "positive-2", "heavy-3", "zeros", "large"]
+    for name, (i, xx, ww, s) in sets.items():
+        assert xx.stride() == x.stride() and xx.shape == x.shape and s == 5
+        assert i.dtype == torch.int64 and int(i.min()) >= 3 and int(i.max()) <= 7, name
+    assert torch.equal(sets["captured"][1], x) and torch.equal(sets["captured"][2], w)
+    assert not torch.equal(sets["normal-0"][2], w)  # a weight of another run, not the captured ones
+    assert bool((sets["positive-2"][1] >= 0).all()) and float(sets["zeros"][1].abs().max()) == 0.0
+    assert float(sets["large"][1].abs().max()) > 100 * float(x.abs().max()) * 0.99
+    again = dict(make_sets(meta, [idx, x, w, 5], seed=0, random_sets=4))
+    other = dict(make_sets(meta, [idx, x, w, 5], seed=1, random_sets=4))
+    assert torch.equal(again["heavy-3"][1], sets["heavy-3"][1]) and not torch.equal(other["heavy-3"][1],
+                                                                                     sets["heavy-3"][1])
+
+
+def test_value_comparison_catches_bfloat16_compute_but_not_fp32_reordering():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 256, generator=g), torch.randn(256, 64, generator=g)
+    ref = a.double() @ b.double()
+    orig = a @ b
+    reordered = (a[:, :128] @ b[:128] + a[:, 128:] @ b[128:])
+    downgraded = (a.bfloat16() @ b.bfloat16()).float()
+    assert compare_values(reordered, orig, ref).ok
+    bad = compare_values(downgraded, orig, ref)
+    assert not bad.ok and bad.why == "precision"
+    assert not compare_values(downgraded, orig).ok  # without the float64 reference, too
+    assert compare_values(orig * 0, orig, ref).why == "values"
+    assert not compare_values(torch.tensor([1, 2]), torch.tensor([1, 3])).ok
+
+
+def test_policy_takes_min_improvement_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TILESMITH_MIN_IMPROVEMENT", "0.07")
+    assert Policy().min_improvement == 0.07
+    monkeypatch.delenv("TILESMITH_MIN_IMPROVEMENT")
+    assert Policy().min_improvement == 0.02
+
+
+def test_verdict_round_trips_through_json():
+    t = Timing("launch", 1.0, 0.5, 2.0, 1.8, 2.2, 30, 4, [1, 2], [3, 4])
+    v = Verdict(True, "confirmation", "k" * 64, "s" * 64, [Reason("x", "y")], [Reason("w", "z")],
+                Pass(1, [SetCorrectness("captured", True, 0.0, 0.0, 1e-8, 1e-8)], t), Pass(2, [], t), True, 0.02, 3.5)
+    assert Verdict.from_dict(json.loads(json.dumps(v.to_dict()))) == v
