@@ -114,7 +114,11 @@ def optimize(workspace: str | Path = "tilesmith-workspace",
     note = on_event or (lambda kind, **kw: None)
     if resume:
         run = runs.load_run(resume)
+        given = settings
         settings = OptimizeSettings(**{k: v for k, v in run["settings"].items() if k in OptimizeSettings.__dataclass_fields__})
+        # What limits this session is the caller's, not the interrupted run's.
+        settings.max_minutes = given.max_minutes if given else None
+        settings.jobs = given.jobs if given else settings.jobs
         workspace = run["workspace"]
     settings = (settings or OptimizeSettings()).resolved()
     ws = wsmod.load(workspace)
@@ -273,7 +277,7 @@ def _run_track(rid, ws, g, t: TrackResult, settings, deadline, stop, timing_lock
         with timing_lock:
             v = judge(track.graph_dir, path, _policy(settings, 1000 + n_verdicts, best_file if best_file.exists() else None))
         vd = v.to_dict()
-        vd["label"] = cand.label
+        vd["label"], vd["written"] = cand.label, runs.now_iso()
         write_json(track.profiles / f"verdict_{n_verdicts:03d}.json", vd)
         n_verdicts += 1
         verdict = vd

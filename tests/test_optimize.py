@@ -1,0 +1,189 @@
+"""The optimize driver and the tuner on CPU with real captures, the real gate and real workers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import EXAMPLES, run_capture_subprocess
+from tilesmith import optimize as opt
+from tilesmith import runs
+from tilesmith import workspace as wsmod
+from tilesmith.errors import TilesmithError
+from tilesmith.install import install
+from tilesmith.search import kernels as K
+from tilesmith.search.tuner import Candidate
+from tilesmith_cli.app import app
+
+runner = CliRunner()
+FAST_GATE = dict(gate_time_budget_s=4.0)
+
+
+@pytest.fixture(scope="session")
+def oversub_ws(tmp_path_factory, inductor_cache):
+    ws = tmp_path_factory.mktemp("ws-oversub") / "ws"
+    p = run_capture_subprocess(EXAMPLES / "oversubscribed.py", ws, "--steps", "1")
+    assert p.returncode == 0, p.stderr
+    return ws
+
+
+def _serial(text: str) -> str:
+    """The captured wrapper with every OpenMP region cut to the usable cores (a genuine win here)."""
+    header, src = text.split(wsmod_header_end(), 1)
+    for k in K.find_kernels(src):
+        labels = dict(K.cpp_variants(k))
+        if labels:
+            src = K.replace_kernel(src, k, labels["num_threads=1"])
+    return header + wsmod_header_end() + src
+
+
+def wsmod_header_end() -> str:
+    from tilesmith.source import HEADER_END
+
+    return HEADER_END + "\n"
+
+
+def _scripted(texts_and_labels):
+    """An optimizer that proposes fixed sources in order and records the verdicts it is sent."""
+    seen = []
+
+    def factory(settings, track):
+        def gen():
+            for text, label in texts_and_labels:
+                verdict = yield Candidate(text(track), label)
+                seen.append(verdict)
+        return gen()
+
+    return factory, seen
+
+
+def test_loops_need_confirmed_wins_and_a_rejected_candidate_keeps_the_same_loop_going(oversub_ws, monkeypatch):
+    factory, seen = _scripted([(lambda t: t.best_text, "the original again"),
+                               (lambda t: _serial(t.best_text), "serial OpenMP regions")])
+    monkeypatch.setattr(opt, "_optimizer", factory)
+    r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, **FAST_GATE))
+    (t,) = r.tracks
+    assert [v["accepted"] for v in seen] == [False, True]
+    assert seen[0]["stage"] == "timing" and seen[0]["reasons"][0]["code"] == "not-faster"
+    # loop 2 had nothing left to try: one confirmed loop, and the run says why it stopped
+    assert t.loops_done == 1 and t.status == "done" and t.candidates == 2
+    assert t.rejected_by_stage == {"timing": 1} and t.speedup > 1.02 and t.speedup_low > 1.02
+    track = runs.track_dir(r.run_id, t.key)
+    assert sorted(p.name for p in (track / "attempts").iterdir()) == ["attempt_00.py", "attempt_01.py"]
+    assert len(list((track / "profiles").glob("verdict_*.json"))) == 2
+    assert json.loads((track / "profiles" / "baseline.json").read_text())["kernels"]
+    best = json.loads((track / "best.json").read_text())
+    assert best["verdict"]["accepted"] and best["sha256"] == runs.sha256_file(track / "best.py")
+    run = runs.load_run(r.run_id)
+    assert run["status"] == "complete" and run["graphs"][t.key]["loops_done"] == 1
+
+    # installed with these settings, the same settings are an exact hit: no optimizer runs again
+    assert [g.status for g in install(r.run_id).graphs] == ["installed"]
+    monkeypatch.setattr(opt, "_optimizer", lambda s, tr: pytest.fail("an exact hit must not optimize"))
+    again = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, **FAST_GATE))
+    assert again.tracks[0].status == "cached"
+    cache = json.loads((runs.track_dir(again.run_id, t.key) / "cache.json").read_text())
+    assert cache["from_run"] == r.run_id
+
+
+def test_the_tuner_finds_the_oversubscribed_threads_and_the_gate_confirms_it(oversub_ws):
+    r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", **FAST_GATE))
+    (t,) = r.tracks
+    assert t.status == "done" and t.loops_done == 1, t
+    track = runs.track_dir(r.run_id, t.key)
+    variants = [json.loads(line) for line in (track / "profiles" / "tuner_variants.jsonl").read_text().splitlines()]
+    assert {v["variant"] for v in variants} >= {"num_threads=1", "num_threads=2"}
+    assert all(v["median_ms"] > 0 for v in variants)
+    assert "num_threads(" in (track / "best.py").read_text()
+
+
+def test_max_minutes_stops_cleanly_and_resume_carries_on(oversub_ws, monkeypatch):
+    factory, seen = _scripted([(lambda t: _serial(t.best_text), "serial")])
+    monkeypatch.setattr(opt, "_optimizer", factory)
+    r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", max_minutes=1e-6, **FAST_GATE))
+    assert r.status == "interrupted" and r.tracks[0].status in ("interrupted", "pending") and not seen
+    resumed = opt.optimize(resume=r.run_id)
+    assert resumed.run_id == r.run_id and resumed.status == "complete"
+    assert resumed.tracks[0].loops_done == 1 and resumed.tracks[0].candidates == 1
+    assert runs.load_run(r.run_id)["status"] == "complete"
+
+
+def test_graphs_option_selects_by_key_prefix_and_refuses_ineligible_or_unknown(training_ws, monkeypatch):
+    ws = wsmod.load(training_ws)
+    chosen = ws.graphs[0].key
+    factory, seen = _scripted([])
+    monkeypatch.setattr(opt, "_optimizer", factory)
+    r = opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", graphs=[chosen[:10]]))
+    assert [t.key for t in r.tracks] == [chosen] and r.tracks[0].status == "exhausted"
+    with pytest.raises(TilesmithError, match="matches 0 graphs"):
+        opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", graphs=["ffffffffff"]))
+
+
+def test_attempts_keep_the_five_most_recent_sources_in_order():
+    for i in range(7):
+        runs.push_attempt("r1", "k" * 64, f"source {i}\n")
+    d = runs.track_dir("r1", "k" * 64) / "attempts"
+    assert [p.read_text() for p in sorted(d.iterdir())] == [f"source {i}\n" for i in range(2, 7)]
+
+
+def test_cpp_variants_rewrite_only_the_openmp_thread_count_of_real_captured_kernels(training_ws):
+    ws = wsmod.load(training_ws)
+    src = (ws.graph_dir(ws.graphs[0].key) / "wrapper.py").read_text()
+    ks = K.find_kernels(src)
+    assert ks and all(k.kind == "cpp" and k.name.startswith("cpp_fused") for k in ks)
+    k = next(k for k in ks if k.params["parallel_regions"])
+    for label, code in K.cpp_variants(k, cpu_count=8):
+        n = label.split("=")[1]
+        assert code.replace(f"#pragma omp parallel num_threads({n})", "#pragma omp parallel") == k.code
+        new = K.replace_kernel(src, k, code)
+        compile(new, "wrapper", "exec")
+        assert [x.code for x in K.find_kernels(new) if x.name == k.name] == [code]
+    assert [lab for lab, _ in K.cpp_variants(k, cpu_count=8)] == ["num_threads=1", "num_threads=2", "num_threads=4"]
+
+
+TRITON_KERNEL = '''
+import triton
+import triton.language as tl
+
+from torch._inductor.runtime import triton_helpers, triton_heuristics
+from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
+from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint, DeviceProperties
+triton_helpers.set_driver_to_gpu()
+
+@triton_heuristics.persistent_reduction(
+    size_hints={'x': 512, 'r0_': 128},
+    reduction_hint=ReductionHint.INNER,
+    filename=__file__,
+    triton_meta={'signature': {'in_ptr0': '*fp32', 'out_ptr2': '*fp32', 'xnumel': 'i32', 'r0_numel': 'i32', 'XBLOCK': 'constexpr'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9, regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048, warp_size=32), 'constants': {}, 'configs': [{(0,): [['tt.divisibility', 16]]}]},
+    inductor_meta={'grid_type': 'Grid1D', 'autotune_hints': set(), 'kernel_name': 'triton_per_fused__softmax_0', 'mutated_arg_names': [], 'optimize_mem': True, 'no_x_dim': False, 'num_load': 1, 'num_reduction': 2, 'backend_hash': 'ABC', 'are_deterministic_algorithms_enabled': False}
+)
+@triton.jit
+def triton_per_fused__softmax_0(in_ptr0, out_ptr2, xnumel, r0_numel, XBLOCK : tl.constexpr):
+    xnumel = 512
+    r0_numel = 128
+    R0_BLOCK: tl.constexpr = 128
+    xoffset = tl.program_id(0) * XBLOCK
+'''
+
+
+def test_triton_variants_replace_the_heuristic_with_fixed_configs_the_kernel_allows():
+    src = f"triton_per_fused__softmax_0 = async_compile.triton('triton_per_fused__softmax_0', '''{TRITON_KERNEL}''', device_str='cuda')\n"
+    (k,) = K.find_kernels(src)
+    assert k.kind == "triton" and k.params == {"heuristic": "persistent_reduction", "size_hints": {"x": 512, "r0_": 128},
+                                               "blocks": ["XBLOCK"]}
+    vs = K.triton_variants(k)
+    assert vs and all(code.count("@triton_heuristics.fixed_config(") == 1 for _, code in vs)
+    xblocks = {int(lab.split(",")[0].split("=")[1]) for lab, _ in vs}
+    assert xblocks <= {1, 2, 4, 8, 16, 32, 64} and max(xblocks) * 128 <= 8192
+    label, code = vs[0]
+    assert "persistent_reduction(" not in code and "'kernel_name': 'triton_per_fused__softmax_0'" in code
+    compile(K.replace_kernel(src, k, code), "wrapper", "exec")
+
+
+def test_optimize_cli_without_a_workspace_is_a_clear_error(tmp_path):
+    r = runner.invoke(app, ["optimize", "-w", str(tmp_path / "none")])
+    assert r.exit_code == 1 and "no workspace" in r.stderr and "tilesmith capture" in r.stderr
+    r = runner.invoke(app, ["optimize", "-w", str(tmp_path), "--optimizer", "magic"])
+    assert r.exit_code == 1 and "unknown optimizer" in r.stderr
