@@ -12,9 +12,6 @@ import torch
 from tests import gate_helpers as h
 from tilesmith.gate import Policy, Verdict, judge
 
-FIXTURES = Path(__file__).parent / "fixtures"
-
-
 @pytest.fixture(autouse=True)
 def one_thread_workers(monkeypatch):
     """Workers inherit this: on a small shared CI machine, OpenMP threads spinning against other jobs
@@ -33,13 +30,8 @@ def inf_graph(inference_ws) -> Path:
 
 
 @pytest.fixture(scope="session")
-def slow_graph(tmp_path_factory, inductor_cache) -> Path:
-    from tests.conftest import run_capture_subprocess
-
-    ws = tmp_path_factory.mktemp("ws-slow") / "ws"
-    p = run_capture_subprocess(FIXTURES / "slow_matmul.py", ws)
-    assert p.returncode == 0, p.stderr
-    return h.graph_of(ws)
+def slow_graph(slow_matmul_graph) -> Path:
+    return slow_matmul_graph
 
 
 def _judge(graph: Path, text: str, tmp_path: Path, **policy) -> Verdict:
