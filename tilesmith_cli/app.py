@@ -7,6 +7,7 @@ import typer
 from tilesmith_cli.commands import capture, optimize, replay
 from tilesmith_cli.commands import install, installed, submit, uninstall
 from tilesmith_cli.commands import report
+from tilesmith_cli.commands import validate
 
 app = typer.Typer(
     name="tilesmith",
@@ -23,6 +24,7 @@ app.command("submit")(submit.submit)
 app.command("install")(install.install)
 app.command("installed")(installed.installed)
 app.command("uninstall")(uninstall.uninstall)
+app.command("validate")(validate.validate)
 
 
 def main() -> None:
