@@ -51,3 +51,13 @@ def inference_ws(tmp_path_factory, inductor_cache):
     p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--steps", "1")
     assert p.returncode == 0, p.stderr
     return ws
+
+
+@pytest.fixture(scope="session")
+def slow_matmul_graph(tmp_path_factory, inductor_cache):
+    """The one graph of tests/fixtures/slow_matmul.py (scalar loops on purpose): the gate's honest win."""
+    ws = tmp_path_factory.mktemp("ws-slow-matmul") / "ws"
+    p = run_capture_subprocess(ROOT / "tests" / "fixtures" / "slow_matmul.py", ws)
+    assert p.returncode == 0, p.stderr
+    (graph,) = sorted((ws / "graphs").iterdir())
+    return graph
