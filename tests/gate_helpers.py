@@ -143,3 +143,30 @@ STATIC_CHEATS = {
 
 def with_module_code(text: str, code: str) -> str:
     return text + "\n" + code + "\n"
+
+
+def mm_accumulating_in_bfloat16(text: str, chunk: int = 64) -> str:
+    """The bf16 matmul with partial sums rounded to bf16 every `chunk` of K: no fp32 accumulation."""
+    rx = re.compile(r"extern_kernels\.mm\((\w+), (\w+), out=(\w+)\)")
+    assert rx.search(text), "expected an extern mm"
+    return rx.sub(lambda m: (f"{m.group(3)}.zero_()\n        for _k in range(0, {m.group(1)}.shape[1], {chunk}):\n"
+                             f"            {m.group(3)}.add_({m.group(1)}[:, _k:_k + {chunk}] @ "
+                             f"{m.group(2)}[_k:_k + {chunk}])"), text)
+
+
+def with_redundant_work(text: str, reps: int) -> str:
+    """The original plus `reps` sin() passes over its first tensor input into scratch: slower, same outputs."""
+    a = _first_arg(text)
+    return _after_clear(text, f"_waste = torch.empty_like({a})\nfor _ in range({reps}):\n    torch.sin({a}, out=_waste)")
+
+
+def slowed_graph_copy(graph: Path, dest: Path, reps: int) -> Path:
+    """A graph folder like `graph` whose wrapper is the slowed original: the original then is a real win."""
+    import shutil
+
+    out = dest / graph.name
+    out.mkdir(parents=True)
+    for f in ("graph.json", "data.pt"):
+        shutil.copy(graph / f, out / f)
+    (out / "wrapper.py").write_text(with_redundant_work((graph / "wrapper.py").read_text(), reps))
+    return out

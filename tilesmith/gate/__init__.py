@@ -184,7 +184,7 @@ def _rotating(named_sets: list, policy: Policy) -> list:
 
 def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, confirmation: bool) -> bool:
     """Load, correctness and timing in one fresh candidate worker; False (with reasons) at the first failure."""
-    from tilesmith.gate import correctness, timing
+    from tilesmith.gate import timing
 
     torch, policy, scratch, note = ctx["torch"], ctx["policy"], ctx["scratch"], ctx["note"]
     stage = (lambda s: "confirmation") if confirmation else (lambda s: s)
@@ -207,14 +207,10 @@ def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, confirmation: bool) 
             except Exception as e:
                 v.reasons.append(Reason("protocol", f"the candidate worker's outputs are unreadable: {e}"[:300]))
                 return False
-            reasons = []
-            for k, (name, _) in enumerate(named_sets):
-                r = correctness.compare_set(name, got["sets"][k], base["sets"][k], ref64[k] if ref64 else None)
-                p.correctness.append(r.summary)
-                reasons += r.reasons
-            i, j = ctx["pair"]
-            reasons += correctness.compare_pair((named_sets[i][0], named_sets[j][0]), got["pair"],
-                                                base["sets"][i], base["sets"][j])
+            try:
+                reasons = _compare(p, named_sets, got, base, ref64, ctx["pair"])
+            except (KeyError, IndexError, TypeError, AttributeError, ValueError, RuntimeError) as e:
+                reasons = [Reason("protocol", f"the candidate worker's outputs are malformed: {e!r}"[:300])]
             if reasons:
                 v.reasons += reasons
                 return False
@@ -240,3 +236,19 @@ def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, confirmation: bool) 
                               f"the candidate but {solo_ms:.3f} ms alone: the candidate may slow it down"))
     v.reasons += reasons
     return not reasons
+
+
+def _compare(p: Pass, named_sets: list, got: dict, base: dict, ref64, pair) -> list[Reason]:
+    """Every set, then the same-buffer pair; fills p.correctness and returns the reasons to reject."""
+    from tilesmith.gate import correctness
+
+    reasons = []
+    if len(got["sets"]) != len(named_sets):
+        return [Reason("protocol", f"the candidate worker returned {len(got['sets'])} sets, not {len(named_sets)}")]
+    for k, (name, _) in enumerate(named_sets):
+        r = correctness.compare_set(name, got["sets"][k], base["sets"][k], ref64[k] if ref64 else None)
+        p.correctness.append(r.summary)
+        reasons += r.reasons
+    i, j = pair
+    return reasons + correctness.compare_pair((named_sets[i][0], named_sets[j][0]), got["pair"],
+                                              base["sets"][i], base["sets"][j])

@@ -1,0 +1,81 @@
+"""The gate on CUDA (run on the GPU machine: `make gpu-test`): Triton wrappers pass the static screen,
+the original is not faster than itself in launch and CUDA-graph mode, a real win is accepted in both,
+side-stream work is stopped, and bf16 accumulation is caught against the float64 reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests import gate_helpers as h  # noqa: E402
+from tests.conftest import EXAMPLES, ROOT, run_capture_subprocess  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _policy(**kw):
+    from tilesmith.gate import Policy
+
+    return Policy(**{"time_budget_s": 8.0, **kw})
+
+
+@pytest.fixture(scope="module", params=["default", "reduce-overhead"])
+def cuda_graph(request, tmp_path_factory, inductor_cache) -> tuple[Path, str]:
+    ws = tmp_path_factory.mktemp(f"ws-cuda-{request.param}") / "ws"
+    p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--device", "cuda", "--mode", request.param, "--steps", "3")
+    assert p.returncode == 0, p.stderr
+    return h.graph_of(ws), "graph" if request.param == "reduce-overhead" else "launch"
+
+
+def _judge(graph: Path, text: str, tmp_path: Path, **kw):
+    from tilesmith.gate import judge
+
+    cand = tmp_path / "candidate.py"
+    cand.write_text(text)
+    return judge(graph, cand, _policy(**kw))
+
+
+def test_gpu_triton_wrappers_pass_the_static_screen(cuda_graph):
+    from tilesmith.gate.static import screen
+
+    graph, _ = cuda_graph
+    assert screen((graph / "wrapper.py").read_text()) == []
+
+
+def test_gpu_gate_rejects_the_original_as_not_faster_in_its_production_mode(cuda_graph, tmp_path):
+    graph, mode = cuda_graph
+    v = _judge(graph, (graph / "wrapper.py").read_text(), tmp_path)
+    assert not v.accepted and v.stage == "timing" and v.codes == ["not-faster"], v.reasons
+    assert v.first.timing.mode == mode
+    assert all(c.ok for c in v.first.correctness)
+
+
+def test_gpu_gate_accepts_the_original_against_a_copy_slowed_by_redundant_kernels(cuda_graph, tmp_path):
+    graph, mode = cuda_graph
+    slow = h.slowed_graph_copy(graph, tmp_path / "slow", reps=40)
+    v = _judge(slow, (graph / "wrapper.py").read_text(), tmp_path)
+    assert v.accepted, v.reasons
+    assert v.first.timing.mode == mode and v.first.timing.speedup_low > 1.02
+    assert v.confirmation.timing.speedup_low > 1.02
+
+
+def test_gpu_gate_stops_work_on_a_side_stream(cuda_graph, tmp_path):
+    graph, _ = cuda_graph
+    text = (graph / "wrapper.py").read_text()
+    cheat = text.replace("        args.clear()\n", "        args.clear()\n        _side = torch.cuda.Stream()\n"
+                         "        torch.cuda.set_stream(_side)\n", 1)
+    v = _judge(graph, cheat, tmp_path)
+    assert not v.accepted and v.stage == "static" and "static-streams" in v.codes
+
+
+def test_gpu_gate_rejects_bf16_accumulation_without_fp32(tmp_path, inductor_cache):
+    ws = tmp_path / "ws"
+    p = run_capture_subprocess(ROOT / "tests" / "fixtures" / "bf16_matmul.py", ws, "--device", "cuda")
+    assert p.returncode == 0, p.stderr
+    graph = h.graph_of(ws)
+    v = _judge(graph, h.mm_accumulating_in_bfloat16((graph / "wrapper.py").read_text()), tmp_path)
+    assert not v.accepted and v.stage == "correctness"
+    assert v.reference64 and "precision" in v.codes, v.reasons
