@@ -11,13 +11,9 @@ import os
 
 import torch
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=3)
-args = parser.parse_args()
-
 cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 torch._inductor.config.cpp.threads = 4 * cores
-torch.manual_seed(0)
+torch.manual_seed(0)  # the parameters below are the same in every process
 
 
 class Scorer(torch.nn.Module):
@@ -30,11 +26,19 @@ class Scorer(torch.nn.Module):
         return torch.softmax(x * self.scale, dim=-1) * gate
 
 
-model = Scorer().eval()
-compiled = torch.compile(model)
-x = torch.randn(256, 1024)
-with torch.no_grad():
-    for _ in range(args.steps):
-        y = compiled(x)
-print(f"oversubscribed: {torch._inductor.config.cpp.threads} OpenMP threads on {cores} cores, "
-      f"checksum {float(y.sum()):.4f}")
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    model = Scorer().eval()
+    compiled = torch.compile(model)
+    x = torch.randn(256, 1024)
+    with torch.no_grad():
+        for _ in range(args.steps):
+            y = compiled(x)
+    print(f"oversubscribed: {torch._inductor.config.cpp.threads} OpenMP threads on {cores} cores, "
+          f"checksum {float(y.sum()):.4f}")
+
+
+if __name__ == "__main__":
+    main()

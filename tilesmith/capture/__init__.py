@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import runpy
 import shutil
 import sys
@@ -89,7 +88,7 @@ class _ScriptFailed(Exception):
 
 def _run_as_main(script: Path, argv: list[str]) -> int:
     """runpy the script as __main__ with its own argv and sys.path[0]; returns its exit code."""
-    old_argv, old_path0 = sys.argv, sys.path[0] if sys.path else None
+    old_argv = sys.argv
     sys.argv = [str(script), *argv]
     sys.path.insert(0, str(script.resolve().parent))
     try:
