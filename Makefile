@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo gpu-test bench-gpu lint clean
+.PHONY: install test demo gpu-deps gpu-test bench-gpu lint clean
 
 $(BIN)/tilesmith: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,12 +22,25 @@ test: install
 demo: install
 	$(BIN)/python examples/demo.py
 
-# On the GPU machine: its own torch, no venv, no registry (pytest, typer, rich are there).
-gpu-test:
-	PYTHONPATH=$(CURDIR) python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider
+# On the GPU machine: its own torch, no venv, no registry (pytest, typer, rich are there; wheels for
+# the rest, e.g. tomli-w, are carried in .whl/ and unpacked to /tmp/site first). Results go to $(OUT).
+OUT ?= gpu-out
+GPU_ENV := PYTHONPATH=$(CURDIR):/tmp/site PYTHONUNBUFFERED=1
+gpu-deps:
+	test -d .whl && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || true
 
-lint:
-	$(BIN)/python -m pyflakes tilesmith tilesmith_cli tests 2>/dev/null || $(BIN)/python -m compileall -q tilesmith tilesmith_cli
+gpu-test: gpu-deps
+	mkdir -p $(OUT)
+	$(GPU_ENV) python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider --durations=15 --junitxml=$(OUT)/gpu-tests.xml
+
+bench-gpu: gpu-deps
+	mkdir -p $(OUT)
+	$(GPU_ENV) python3 benchmark.py run --out-dir /tmp/bench-out && cp /tmp/bench-out/benchmark.json $(OUT)/ || true
+	$(GPU_ENV) python3 moe_benchmark.py run --chip H200 --max-minutes 6 --out-dir /tmp/moe-out; cp /tmp/moe-out/moe_benchmark.json $(OUT)/ || true
+
+lint: install
+	$(BIN)/python -m pip install -q pyflakes
+	$(BIN)/python -m pyflakes tilesmith tilesmith_cli tests benchmarks benchmark.py moe_benchmark.py examples
 
 clean:
 	rm -rf $(VENV) tilesmith-workspace
