@@ -90,17 +90,23 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     sets = {s: make_sets(meta, data.inputs, s, policy.random_sets) for s in seeds}
     pair = (1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1)
     note("load", "running the original in a reference worker")
+    # The first candidate worker starts now: its interpreter and imports overlap the reference run.
+    first_worker = Worker("candidate", scratch)
     try:
         ref = _cached_reference(gdir, sets, pair, scratch, device, policy)
     except WorkerFailure as e:
+        first_worker.close()
         raise TilesmithError(f"the original wrapper fails in a gate worker ({e.code}): {e.message}",
                              code="baseline-failed", hint="check `tilesmith replay GRAPH_DIR` first") from None
+    except BaseException:
+        first_worker.close()
+        raise
     v.reference64 = ref["ref64"][seeds[0]] is not None
     reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / ref["per_call_ns"])))
     ctx = dict(gdir=gdir, cand=cand, scratch=scratch, device=device, policy=policy, mode=mode, pair=pair,
                reps=reps, ref=ref, note=note, torch=torch, Worker=Worker, WorkerFailure=WorkerFailure)
     v.first = Pass(seed=seeds[0])
-    if not _pass(v, v.first, sets[seeds[0]], ctx, confirmation=False):
+    if not _pass(v, v.first, sets[seeds[0]], ctx, confirmation=False, worker=first_worker):
         return
     if not policy.confirm:
         v.accepted = True
@@ -182,14 +188,14 @@ def _rotating(named_sets: list, policy: Policy) -> list:
     return (randoms or named_sets)[: max(1, policy.rotating_sets)]
 
 
-def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, confirmation: bool) -> bool:
+def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, confirmation: bool, worker=None) -> bool:
     """Load, correctness and timing in one fresh candidate worker; False (with reasons) at the first failure."""
     from tilesmith.gate import timing
 
     torch, policy, scratch, note = ctx["torch"], ctx["policy"], ctx["scratch"], ctx["note"]
     stage = (lambda s: "confirmation") if confirmation else (lambda s: s)
     base, ref64 = ctx["ref"]["base"][p.seed], ctx["ref"]["ref64"][p.seed]
-    with ctx["Worker"]("candidate", scratch) as w:
+    with worker or ctx["Worker"]("candidate", scratch) as w:
         try:
             v.stage = stage("load")
             note(v.stage, "loading the candidate in a fresh worker")

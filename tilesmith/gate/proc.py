@@ -36,7 +36,11 @@ def worker_env(tmp: Path) -> dict:
         user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
     except Exception:
         user = f"uid_{os.getuid()}"
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "torchinductor_" + user))
+    default_dir = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", default_dir)
+    # Inductor keeps precompiled C++ headers under the *temp* dir's default cache, whatever
+    # TORCHINDUCTOR_CACHE_DIR says; the worker points there so it does not rebuild them (seconds each).
+    env["TILESMITH_GATE_HEADER_DIR"] = os.path.join(default_dir, "precompiled_headers")
     env.setdefault("TRITON_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".triton", "cache"))
     for d in ("home", "tmp"):
         (tmp / d).mkdir(parents=True, exist_ok=True)

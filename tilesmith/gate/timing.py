@@ -2,9 +2,11 @@
 speedup, adaptive sampling under a time budget, and the plausibility checks on raw samples.
 
 A round is one baseline sample and one candidate sample (order alternating, same input buffers);
-its log ratio log(baseline_ns / candidate_ns) removes drift common to both. The estimate is the 10 %
-trimmed mean of the log ratios with Yuen's winsorised standard error (robust to the odd preempted
-sample on a shared machine); the bounds use Student's t. speedup = exp(estimate) > 1 is faster.
+its log ratio log(baseline_ns / candidate_ns) removes drift common to both. The estimate is the
+median of the log ratios, and its bounds are order statistics from the sign test (distribution-free):
+on a shared machine a preempted sample inflates one side by a whole time slice, and the median with
+its sign-test interval shrugs off up to a third of such samples where a mean and a t interval widen
+until nothing is ever accepted. speedup = exp(median) > 1 is faster.
 """
 
 from __future__ import annotations
@@ -16,46 +18,38 @@ from dataclasses import dataclass
 
 from tilesmith.gate.verdict import Reason, Timing
 
-TRIM = 0.1
-
-
-def _z(p: float) -> float:
-    return statistics.NormalDist().inv_cdf(p)
-
-
-def t_quantile(p: float, df: float) -> float:
-    """Student-t quantile by the Cornish-Fisher expansion (accurate to ~1e-3 for df >= 5)."""
-    z = _z(p)
-    if df > 1e6:
-        return z
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    return z + g1 / df + g2 / df**2 + g3 / df**3
-
 
 @dataclass
 class Estimate:
-    speedup: float
+    speedup: float  # exp(median log ratio)
     low: float  # one-sided lower bound at `confidence`
     high: float  # one-sided upper bound at `confidence`
     n: int
 
 
+def sign_test_rank(n: int, confidence: float) -> int:
+    """Largest k (1-based) with P(Binomial(n, 1/2) < k) <= 1 - confidence: the k-th smallest of n paired
+    differences is a one-sided lower bound of their median at `confidence`; 0 if n is too small."""
+    alpha = 1.0 - confidence
+    cdf, k = 0.0, 0
+    total = 2.0**n
+    for j in range(n + 1):
+        cdf += math.comb(n, j) / total  # P(B <= j)
+        if cdf > alpha:
+            break
+        k = j + 1
+    return k
+
+
 def estimate(baseline_ns: list[int], candidate_ns: list[int], confidence: float) -> Estimate:
-    """Trimmed-mean paired speedup with one-sided bounds (Yuen); needs at least 5 rounds."""
+    """Median paired speedup with distribution-free one-sided bounds (sign test)."""
     logs = sorted(math.log(b / c) for b, c in zip(baseline_ns, candidate_ns))
     n = len(logs)
-    g = int(TRIM * n)
-    kept = logs[g:n - g]
-    mean = sum(kept) / len(kept)
-    wins = [min(max(x, kept[0]), kept[-1]) for x in logs]
-    wmean = sum(wins) / n
-    wvar = sum((x - wmean) ** 2 for x in wins) / (n - 1) if n > 1 else float("inf")
-    h = n - 2 * g
-    se = math.sqrt(wvar) / ((1 - 2 * TRIM) * math.sqrt(n)) if n > 1 else float("inf")
-    t = t_quantile(confidence, max(h - 1, 1))
-    return Estimate(math.exp(mean), math.exp(mean - t * se), math.exp(mean + t * se), n)
+    k = sign_test_rank(n, confidence)
+    med = statistics.median(logs)
+    if k == 0:  # too few rounds for any bound at this confidence
+        return Estimate(math.exp(med), 0.0, math.inf, n)
+    return Estimate(math.exp(med), math.exp(logs[k - 1]), math.exp(logs[n - k]), n)
 
 
 def decide(est: Estimate, min_improvement: float) -> str:

@@ -216,9 +216,34 @@ def op_time(st: State, req: dict) -> dict:
 OPS = {"load": op_load, "outputs": op_outputs, "ref64": op_ref64, "time_setup": op_time_setup, "time": op_time}
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the deciding process dies, so no candidate code outlives it."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() == 1:
+        os._exit(1)
+
+
 def main(fd: int) -> None:
     out = os.fdopen(fd, "w", buffering=1)
     st = State()
+    # Import what loading a wrapper needs before the first request, so a worker spawned early is ready
+    # when its candidate arrives (no wrapper code has run yet: the process is still fresh).
+    _die_with_parent()
+    import torch._inductor.codecache as codecache
+
+    import tilesmith.loading  # noqa: F401  (imports torch pieces the first load needs)
+
+    header_dir = os.environ.get("TILESMITH_GATE_HEADER_DIR")
+    if header_dir and hasattr(codecache, "_HEADER_DIR"):
+        codecache._HEADER_DIR = header_dir
+        codecache._HEADER_LOCK_DIR = os.path.join(header_dir, "locks")
     for line in sys.stdin:
         req = json.loads(line)
         if req.get("op") == "exit":
