@@ -77,7 +77,7 @@ def _run(ws, name, script, **settings):
     model = ScriptedChatModel(reply=script)
     register_model(name, lambda: model)
     try:
-        s = OptimizeSettings(optimizer="agent", model=name, gate_time_budget_s=1.0, **settings)
+        s = OptimizeSettings(optimizer="agent", model=name, **{"gate_time_budget_s": 1.0, **settings})
         result = optimize(ws, s)
     finally:
         register_model(name, None)
@@ -159,3 +159,39 @@ def test_budget_of_n_model_calls_permits_exactly_n_across_parallel_subagents(slo
     assert turn["budget"]["used"] == 4 and turn["budget"]["blocked"] >= 2
     assert sum(turn["budget"]["by_agent"].values()) == 4 and set(turn["budget"]["by_agent"]) > {"tilesmith-optimizer"}
     assert "[budget]" in turn["final_answer"]
+
+
+def test_two_loops_need_two_distinct_confirmed_improvements_and_the_run_installs_the_last(
+        slow_ws, vectorized_text, monkeypatch):
+    from tilesmith.install import install
+
+    # One thread per pool in the gate's workers: on a busy 2-core machine, an OpenMP kernel and MKL
+    # timed in the same process spin against each other and swamp the difference being measured.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+    original = (_graph(slow_ws) / "wrapper.py").read_text()
+    win2 = H.all_extern(original)
+
+    def submit(name, source):
+        return [ai("", tc("write_file", file_path=f"/scratch/{name}.py", content=source)),
+                lambda ms: ai("", tc("execute", command=f"cp scratch/{name}.py .{attempt_of(ms)}")),
+                ai(f"{name}: submitted")]
+
+    script = Script(submit("vectorized", vectorized_text) + submit("extern_mm", win2))
+    # timing needs a few seconds per pass on a busy 2-core machine to show the second win's margin
+    result, model = _run(slow_ws, "scripted-loops", script, loops=2, gate_time_budget_s=4.0)
+    (t,) = result.tracks
+    assert (t.status, t.loops_done, t.candidates) == ("done", 2, 2), t.reason
+    tdir = runs.track_dir(result.run_id, t.key)
+    v0, v1 = (json.loads((tdir / "profiles" / f"verdict_00{i}.json").read_text()) for i in (0, 1))
+    assert v0["accepted"] and v1["accepted"] and v1["confirmation"]["timing"]["speedup_low"] > 1.02
+    assert v0["candidate_sha256"] == store.sha256_bytes(vectorized_text.encode())
+    assert v1["candidate_sha256"] == store.sha256_bytes(win2.encode())
+    assert t.speedup > v0["confirmation"]["timing"]["speedup"]  # the second win is on top of the first
+    turn2 = json.loads((tdir / "profiles" / "turn_002.json").read_text())
+    assert "ACCEPTED" in turn2["message"] and "Loop 2 of 2" in turn2["message"]
+    assert (tdir / "best.py").read_text() == win2
+
+    installed = install(result.run_id)
+    assert [(g.key, g.status) for g in installed.graphs] == [(t.key, "installed")]
+    assert store.artifact_path(t.key).read_text() == win2

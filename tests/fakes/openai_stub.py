@@ -1,6 +1,6 @@
 """A local OpenAI-compatible server (stdlib) on 127.0.0.1 for the agent tests.
 
-GET  /v1/models            the model list; `models_after_s` keeps the model unlisted for a while
+GET  /v1/models            the model list; the first `unlisted_gets` answers leave the model out
                            (a gateway still loading it)
 POST /v1/chat/completions  route(request_json) -> {"content": str, "tool_calls": [(name, args), ...]};
                            `fail_first=k` answers the first k requests with HTTP 500
@@ -18,13 +18,14 @@ from typing import Any, Callable
 
 class StubOpenAI:
     def __init__(self, route: Callable[[dict], dict], model: str = "stub-model", fail_first: int = 0,
-                 models_after_s: float = 0.0):
+                 unlisted_gets: int = 0):
         self.route, self.model, self.fail_first = route, model, fail_first
         self.requests: list[dict] = []
         self.chat_answers = 0  # successful chat completions
         self._lock = threading.Lock()
         self._n = 0
-        self._listed_at = time.monotonic() + models_after_s
+        self.unlisted_gets = unlisted_gets
+        self._gets = 0
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -42,7 +43,9 @@ class StubOpenAI:
             def do_GET(self):
                 stub._record(self, None)
                 if self.path.rstrip("/").endswith("/models"):
-                    ids = [stub.model] if time.monotonic() >= stub._listed_at else []
+                    with stub._lock:
+                        stub._gets += 1
+                        ids = [stub.model] if stub._gets > stub.unlisted_gets else []
                     return self._send(200, {"object": "list", "data": [
                         {"id": "other-model", "object": "model", "created": 0, "owned_by": "stub"}] + [
                         {"id": i, "object": "model", "created": 0, "owned_by": "stub"} for i in ids]})

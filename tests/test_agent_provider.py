@@ -1,0 +1,123 @@
+"""The agent through a real OpenAI-compatible HTTP server on 127.0.0.1 (ChatOpenAI, the openai SDK,
+chat completions with tool calls), and the provider checks that run before any work."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+pytest.importorskip("deepagents")
+
+from tests.fakes.openai_stub import StubOpenAI  # noqa: E402
+from tests.test_agent_tracks import slow_ws  # noqa: E402,F401  (the captured fixture graph)
+from tilesmith import runs  # noqa: E402
+from tilesmith.errors import TilesmithError  # noqa: E402
+from tilesmith.optimize import OptimizeSettings, optimize  # noqa: E402
+from tilesmith.search.agent_provider import check_provider  # noqa: E402
+
+KEY = "sk-local-test"
+
+
+def _content(m) -> str:
+    c = m.get("content")
+    return c if isinstance(c, str) else "".join(b.get("text", "") for b in c or [] if isinstance(b, dict))
+
+
+def route(body: dict) -> dict:
+    """The 'model' behind the stub: decides each reply from the request's messages alone."""
+    msgs = body["messages"]
+    users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
+    first_user, last_user = _content(msgs[users[0]]), _content(msgs[users[-1]])
+    step = sum(1 for m in msgs[users[-1]:] if m["role"] == "assistant")
+    if first_user.startswith("SUBTASK"):
+        return {"content": "SUBREPORT checked"} if step else {"tool_calls": [("ls", {"path": "/attempts"})]}
+    if "REJECTED" in last_user:
+        return {"content": "I give up on this graph."}
+    attempt = re.findall(r"Current attempt: (/attempts/attempt_\d\d\.py)", last_user)[-1]
+    if step == 0:
+        return {"tool_calls": [("edit_file", {"file_path": attempt, "old_string": "async_compile.wait(globals())",
+                                              "new_string": "async_compile.wait(globals())\n_k = os.environ.get('HOME')"})]}
+    if step == 1:
+        return {"tool_calls": [("task", {"description": "SUBTASK look at the attempts", "subagent_type": "kernel-tuner"})]}
+    return {"content": "Submitted an edit."}
+
+
+def test_agent_track_through_a_local_openai_compatible_server(slow_ws, monkeypatch, tmp_path):  # noqa: F811
+    skill = tmp_path / "my-skills" / "house-rules"
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text("---\nname: house-rules\ndescription: Our team's kernel conventions.\n---\n# Rules\n")
+    stub = StubOpenAI(route, model="stub-model", fail_first=1, unlisted_gets=2)
+    try:
+        monkeypatch.setenv("OPENAI_BASE_URL", stub.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        monkeypatch.setenv("TILESMITH_MODEL_WAIT_S", "30")
+        result = optimize(slow_ws, OptimizeSettings(optimizer="agent", model="stub-model", max_model_calls=5,
+                                                    gate_time_budget_s=1.0, skills=[str(skill.parent)]))
+    finally:
+        stub.close()
+    (t,) = result.tracks
+    assert t.status == "exhausted" and t.candidates == 1 and t.rejected_by_stage == {"static": 1}, t.reason
+    gets = [r for r in stub.requests if r["method"] == "GET"]
+    posts = [r for r in stub.requests if r["method"] == "POST"]
+    assert len(gets) == 3 and all(r["path"] == "/v1/models" for r in gets)  # waited until the model was listed
+    assert all(r["path"] == "/v1/chat/completions" for r in posts)
+    assert all(r["auth"] == f"Bearer {KEY}" for r in stub.requests)
+    # turn 1 spends the whole budget (3 main + 2 subagent calls), so no turn 2; the 500 was retried
+    # inside one invocation and did not count
+    assert stub.chat_answers == 5 and len(posts) == 6
+    assert posts[0]["body"]["model"] == "stub-model" and posts[0]["body"]["tools"]
+    system = _content(posts[0]["body"]["messages"][0])
+    assert "house-rules" in system and "Our team's kernel conventions." in system  # --skills reached the agent
+    assert "triton-performance" in system and "/skills/" in system
+    tool_names = {f["function"]["name"] for f in posts[0]["body"]["tools"]}
+    assert {"evaluate", "profile", "execute", "task", "write_todos", "edit_file"} <= tool_names
+    tdir = runs.track_dir(result.run_id, t.key)
+    turn1 = json.loads((tdir / "profiles" / "turn_001.json").read_text())
+    assert turn1["budget"]["by_agent"] == {"tilesmith-optimizer": 3, "kernel-tuner": 2}
+    assert turn1["input_tokens"] > 0 and turn1["model_calls"] == 5
+
+
+def test_provider_failure_after_retries_stops_the_track_with_the_reason(slow_ws, monkeypatch):  # noqa: F811
+    stub = StubOpenAI(route, model="stub-model", fail_first=10**6)
+    try:
+        monkeypatch.setenv("OPENAI_BASE_URL", stub.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        result = optimize(slow_ws, OptimizeSettings(optimizer="agent", model="stub-model"))
+    finally:
+        stub.close()
+    (t,) = result.tracks
+    assert t.status == "failed" and "failed after retries" in t.reason and "stub-model" in t.reason
+    posts = [r for r in stub.requests if r["method"] == "POST"]
+    assert len(posts) == 5  # one invocation: the first request and four retries with backoff
+
+
+def test_provider_check_names_what_is_missing_before_any_work(monkeypatch):
+    for var in ("TILESMITH_MODEL", "OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENROUTER_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(TilesmithError) as e:
+        check_provider(OptimizeSettings(optimizer="agent"))
+    assert e.value.code == "no-model"
+    with pytest.raises(TilesmithError) as e:
+        check_provider(OptimizeSettings(model="gpt-5.1"))
+    assert e.value.code == "no-api-key" and "OPENAI_API_KEY" in e.value.message
+    with pytest.raises(TilesmithError) as e:
+        check_provider(OptimizeSettings(model="openrouter:anthropic/claude-sonnet-4.5"))
+    assert e.value.code == "no-api-key" and "OPENROUTER_API_KEY" in e.value.message
+
+    stub = StubOpenAI(route, model="stub-model")
+    try:
+        monkeypatch.setenv("OPENAI_BASE_URL", stub.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        t0 = time.monotonic()
+        with pytest.raises(TilesmithError) as e:
+            check_provider(OptimizeSettings(model="no-such-model"), wait_s=1.0)
+        assert e.value.code == "unknown-model" and "other-model" in e.value.message
+        assert 1.0 <= time.monotonic() - t0 < 10
+        p = check_provider(OptimizeSettings(model="stub-model"))
+        assert (p.kind, p.model, p.base_url, p.listed) == ("gateway", "stub-model", stub.base_url, True)
+        assert KEY not in repr(p)
+    finally:
+        stub.close()
