@@ -236,9 +236,11 @@ def main(fd: int) -> None:
     # Import what loading a wrapper needs before the first request, so a worker spawned early is ready
     # when its candidate arrives (no wrapper code has run yet: the process is still fresh).
     _die_with_parent()
+    import importlib
+
     import torch._inductor.codecache as codecache
 
-    import tilesmith.loading  # noqa: F401  (imports torch pieces the first load needs)
+    importlib.import_module("tilesmith.loading")  # the torch pieces the first load needs
 
     header_dir = os.environ.get("TILESMITH_GATE_HEADER_DIR")
     if header_dir and hasattr(codecache, "_HEADER_DIR"):
