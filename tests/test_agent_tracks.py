@@ -97,6 +97,8 @@ def test_agent_track_edits_runs_shell_evaluates_delegates_and_the_gate_rejects_i
     cheat_line = "_key = os.environ.get('OPENAI_API_KEY')"
     script = Script([
         ai("", tc("write_todos", todos=[{"content": "profile, edit, evaluate", "status": "in_progress"}])),
+        ai("", tc("write_file", file_path="/profiles/verdict_999.json", content="{}")),  # read-only to it
+        ai("", tc("read_file", file_path="/../../etc/passwd")),  # outside the track folder
         lambda ms: ai("", tc("read_file", file_path=attempt_of(ms), limit=20)),
         lambda ms: ai("", tc("edit_file", file_path=attempt_of(ms), old_string="async_compile.wait(globals())",
                              new_string="async_compile.wait(globals())\n" + cheat_line)),
@@ -107,7 +109,7 @@ def test_agent_track_edits_runs_shell_evaluates_delegates_and_the_gate_rejects_i
         # turn 2: the host's rejection arrives; the agent stops without a new edit
         ai("I cannot beat it."),
     ], sub=_tuner_sub)
-    result, model = _run(slow_ws, "scripted-cheat", script, max_model_calls=11)
+    result, model = _run(slow_ws, "scripted-cheat", script, max_model_calls=13)
     (t,) = result.tracks
     assert t.status == "exhausted" and t.loops_done == 0 and t.candidates == 1
     assert t.rejected_by_stage == {"static": 1}
@@ -118,8 +120,8 @@ def test_agent_track_edits_runs_shell_evaluates_delegates_and_the_gate_rejects_i
     tools = [e["tool"] for e in events["events"] if e["kind"] == "tool_call"]
     for name in ("write_todos", "read_file", "edit_file", "execute", "evaluate", "task"):
         assert name in tools
-    assert events["model_calls"] == 9 and events["budget"]["this_turn"] == 9
-    assert events["budget"]["by_agent"] == {"tilesmith-optimizer": 7, "kernel-tuner": 2}
+    assert events["model_calls"] == 11 and events["budget"]["this_turn"] == 11
+    assert events["budget"]["by_agent"] == {"tilesmith-optimizer": 9, "kernel-tuner": 2}
     assert events["input_tokens"] > 0 and events["attempt_changed"] is True
     out = {}  # tool -> outputs joined (main and subagent)
     for e in events["events"]:
@@ -128,6 +130,8 @@ def test_agent_track_edits_runs_shell_evaluates_delegates_and_the_gate_rejects_i
     assert "KEY=[]" in out["execute"] and "sk-parent-secret" not in json.dumps(events)
     assert "static-environment" in out["evaluate"]
     assert "SUBREPORT" in out["task"]
+    assert "permission denied" in out["write_file"] and not (tdir / "profiles" / "verdict_999.json").exists()
+    assert "traversal" in out["read_file"].lower() and "root:" not in out["read_file"]
     verdict = json.loads((tdir / "profiles" / "verdict_000.json").read_text())
     assert verdict["stage"] == "static" and "static-environment" in [r["code"] for r in verdict["reasons"]]
     judged = (tdir / "attempts" / "attempt_00.py").read_text()
@@ -137,7 +141,7 @@ def test_agent_track_edits_runs_shell_evaluates_delegates_and_the_gate_rejects_i
     turn2 = json.loads((tdir / "profiles" / "turn_002.json").read_text())
     assert "REJECTED" in turn2["message"] and "static-environment" in turn2["message"]
     assert turn2["attempt_changed"] is False
-    assert len(model.calls) == 11  # 9 + 1 in turn 2 + 1 in turn 3 (the 11th permit); nothing blocked yet
+    assert len(model.calls) == 13  # 11 + 1 in turn 2 + 1 in turn 3 (the 13th permit); nothing blocked yet
     assert model.calls[0]["tools"] and {"evaluate", "profile", "execute", "task", "write_todos"} <= set(model.calls[0]["tools"])
     system = text(model.calls[0]["messages"][0])
     assert "Agency MEDIUM" in system and "fp32_matmul_TFLOPs" in system and "cpp_fused" in system
@@ -195,3 +199,44 @@ def test_two_loops_need_two_distinct_confirmed_improvements_and_the_run_installs
     installed = install(result.run_id)
     assert [(g.key, g.status) for g in installed.graphs] == [(t.key, "installed")]
     assert store.artifact_path(t.key).read_text() == win2
+
+
+def test_interrupt_or_time_limit_ends_the_agent_turn_at_its_next_model_call(slow_ws):
+    import threading
+
+    from tilesmith.optimize import _Track
+    from tilesmith.search.agent import search
+
+    stop = threading.Event()
+
+    def busy(ms):  # a model that would list files forever; the user presses Ctrl-C during call 3
+        if len([m for m in ms if m.type == "ai"]) == 2:
+            stop.set()
+        return ai("", tc("ls", path="/attempts"))
+
+    model = ScriptedChatModel(reply=Script([busy] * 50))
+    register_model("scripted-busy", lambda: model)
+    try:
+        g = _graph(slow_ws)
+        rid = runs.create_run({}, str(slow_ws), {}).name
+        track = _Track(rid, g.name, g, None, stop)
+        produced = list(search(track, OptimizeSettings(optimizer="agent", model="scripted-busy").resolved()))
+    finally:
+        register_model("scripted-busy", None)
+    assert produced == [] and len(model.calls) == 3
+    turn = json.loads((track.profiles / "turn_001.json").read_text())
+    assert "time for this graph is up" in turn["final_answer"] and turn["budget"]["used"] == 3
+
+
+def test_summarization_calls_are_charged_to_the_same_budget():
+    from tilesmith.search.agent_budget import BudgetExhausted, ModelCallBudget, SummaryBudgetCallback
+
+    budget = ModelCallBudget(2)
+    cb = SummaryBudgetCallback(budget)
+    cb.on_chat_model_start({}, [[]], metadata={"lc_agent_name": "tilesmith-optimizer"})  # charged by the middleware
+    assert budget.used == 0
+    cb.on_chat_model_start({}, [[]], metadata={"lc_source": "summarization"})
+    assert budget.try_acquire("tilesmith-optimizer") and budget.used == 2
+    with pytest.raises(BudgetExhausted):
+        cb.on_chat_model_start({}, [[]], metadata={"lc_source": "summarization"})
+    assert budget.used == 2 and budget.blocked == 1 and budget.by_agent == {"summarization": 1, "tilesmith-optimizer": 1}

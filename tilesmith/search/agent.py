@@ -56,7 +56,7 @@ def search(track, settings, config: AgentConfig | None = None) -> Generator[Cand
     provider = check_provider(settings)  # a missing key or unknown model fails before any work
     skill_dirs = _skill_dirs(list(getattr(settings, "skills", None) or []) + cfg.extra_skills)
     model = chat_model(provider)
-    budget = ModelCallBudget(settings.max_model_calls)
+    budget = ModelCallBudget(settings.max_model_calls, stop=track.expired)  # time up ends a turn promptly
     state = _TrackState(track)
     (track.dir / "scratch").mkdir(parents=True, exist_ok=True)
     original = (track.graph_dir / "wrapper.py").read_text()

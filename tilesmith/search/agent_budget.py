@@ -24,8 +24,9 @@ class BudgetExhausted(ModelError):
 class ModelCallBudget:
     """limit=None: unlimited. Thread-safe: parallel `task` subagents share it."""
 
-    def __init__(self, limit: int | None):
+    def __init__(self, limit: int | None, stop=None):
         self.limit = limit
+        self.stop = stop  # callable -> bool: time is up or the user interrupted; no permit then
         self.used = 0
         self.blocked = 0
         self.by_agent: dict[str, int] = {}
@@ -33,7 +34,7 @@ class ModelCallBudget:
 
     def try_acquire(self, who: str) -> bool:
         with self._lock:
-            if self.limit is not None and self.used >= self.limit:
+            if (self.limit is not None and self.used >= self.limit) or (self.stop is not None and self.stop()):
                 self.blocked += 1
                 return False
             self.used += 1
@@ -68,6 +69,8 @@ class BudgetMiddleware(AgentMiddleware):
         self.budget = budget
 
     def _blocked(self) -> AIMessage:
+        if self.budget.stop is not None and self.budget.stop():
+            return AIMessage(content=f"{BLOCKED_PREFIX} the time for this graph is up; stopping.")
         return AIMessage(content=f"{BLOCKED_PREFIX} the model-call budget of {self.budget.limit} is spent; stopping.")
 
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
