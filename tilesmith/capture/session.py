@@ -41,6 +41,12 @@ class CaptureSession:
         self._stored_bytes = 0
         self._seen_storages: set[tuple] = set()
         self._cache_dirs = _cache_dirs()
+        self.targets: dict[str, list] = {}  # key -> [the callable the graph's call runs]
+        self.constants: dict[str, dict] = {}  # key -> the module globals Inductor injected
+
+    def swap(self, key: str, fn) -> None:
+        """From the next call on, graph `key` runs `fn` (a loaded wrapper's call) instead."""
+        self.targets[key][0] = fn
 
     # -- the post_compile handler ------------------------------------------------------------
     def __call__(self, pc: hook.PostCompile):
@@ -65,6 +71,7 @@ class CaptureSession:
         (gdir / WRAPPER_FILE).write_text(source.add_header(fx, canon))
         meta = self._graph_meta(g, pc, info)
         meta["environment"] = env
+        self.constants[key] = _constants(g, pc)
         write_json(gdir / GRAPH_FILE, meta)
         self._wrap_first_call(g, info, gdir, meta)
 
@@ -137,12 +144,16 @@ class CaptureSession:
 
     # -- first real call ----------------------------------------------------------------------
     def _wrap_first_call(self, g, info: GraphInfo, gdir: Path, meta: dict) -> None:
-        inner = g.current_callable
+        # target[0] is what runs: Inductor's call, until swap() puts an accepted wrapper's call there
+        # (tilesmith.compile). A call reads it once, so a call in flight finishes on the code it began with.
+        target = [g.current_callable]
         state = {"done": False}
         lock = threading.Lock()
         session = self
+        self.targets[info.key] = target
 
         def first_call(args):
+            inner = target[0]
             if state["done"]:
                 return inner(args)
             with lock:

@@ -125,10 +125,16 @@ def _capture_active() -> bool:
     return any(type(h).__module__.startswith("tilesmith.capture") for h in hook.handlers())
 
 
-def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
+def load_installed(key: str, constants: dict, env: dict | None = None):
+    """The installed artifact for `key` as a module, after checking its bytes and environment against
+    its manifest; raises _Skip (a reason) when it must not be used."""
+    env = env if env is not None else current_environment()
+    mpath = paths.manifests_dir() / f"{key}.json"
     try:
         manifest = json.loads(mpath.read_text())
         want_sha, want_env = manifest["sha256"], manifest["environment_id"]
+    except FileNotFoundError:
+        raise _Skip("no artifact installed") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise _Skip(f"manifest unreadable ({type(e).__name__})") from None
     try:
@@ -140,10 +146,15 @@ def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
     if want_env != environment.fingerprint_id(env):
         raise _Skip(f"installed for another environment ({environment.describe(manifest.get('environment') or {})}; "
                     f"this process: {environment.describe(env)})")
-    mod = _load(data.decode(), _constants(g, pc))
-    call = getattr(mod, "call", None)
-    if not callable(call):
+    mod = _load(data.decode(), constants)
+    if not callable(getattr(mod, "call", None)):
         raise _Skip("the artifact defines no call(args)")
+    return mod
+
+
+def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
+    mod = load_installed(key, _constants(g, pc), env)
+    call = mod.call
     g.current_callable = call
     # Graph-partition wrappers: Inductor's post_compile cudagraphifies partitions through these.
     if hasattr(g, "recursively_apply_fns"):

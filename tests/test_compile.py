@@ -1,0 +1,59 @@
+"""tilesmith.compile on CPU with real models, each in a fresh process (Dynamo state and Inductor
+config stay out of the test process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tilesmith import runs
+
+SCRIPT = Path(__file__).parent / "fixtures" / "compile_api.py"
+
+
+def drive(what: str) -> dict:
+    p = subprocess.run([sys.executable, str(SCRIPT), what], capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_compile_optimizes_on_the_first_call_swaps_the_win_in_and_a_second_compile_is_an_exact_hit():
+    first = drive("inference")
+    assert first["max_error"] < 1e-5
+    assert first["run_id"] and len(first["swapped"]) == 1
+    run = runs.load_run(first["run_id"])
+    (track,) = run["graphs"].values()
+    assert track["status"] == "done" and track["loops_done"] == 1 and track["speedup_low"] > 1.02
+    second = drive("inference")  # a new process, the same model: the installed artifact, no optimizer
+    (again,) = runs.load_run(second["run_id"])["graphs"].values()
+    assert again["status"] == "cached" and again["candidates"] == 0
+    assert second["swapped"] == first["swapped"] and second["max_error"] < 1e-5
+    assert (runs.track_dir(second["run_id"], second["swapped"][0]) / "cache.json").exists()
+
+
+def test_compile_of_a_training_step_optimizes_forward_and_backward_and_gradients_stay_right():
+    r = drive("training")
+    assert r["max_error"] < 1e-5
+    assert len(r["runs"]) == 2  # the forward on the first call, the backward at the start of the second
+    kinds = sorted(g["kind"] for rid in r["runs"] for g in runs.load_run(rid)["graphs"].values())
+    assert kinds == ["backward", "forward"]
+
+
+def test_background_mode_keeps_calling_inductors_code_and_swaps_the_win_in_when_confirmed():
+    r = drive("background")
+    assert r["max_error"] < 1e-5 and r["calls_while_optimizing"] > 1 and len(r["swapped"]) == 1
+
+
+def test_example_inputs_without_a_tensor_are_refused_up_front():
+    import torch
+
+    import tilesmith
+
+    with pytest.raises(tilesmith.TilesmithError, match="at least one tensor"):
+        tilesmith.compile(torch.nn.Linear(2, 2), example_inputs=[torch.zeros(2)])
+    with pytest.raises(tilesmith.TilesmithError, match="at least one tensor"):
+        tilesmith.compile(torch.nn.Linear(2, 2), example_inputs=(3,))
