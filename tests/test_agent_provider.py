@@ -12,13 +12,18 @@ import pytest
 pytest.importorskip("deepagents")
 
 from tests.fakes.openai_stub import StubOpenAI  # noqa: E402
-from tests.test_agent_tracks import slow_ws  # noqa: E402,F401  (the captured fixture graph)
+from tests.agent_helpers import capture_two_matmuls  # noqa: E402
 from tilesmith import runs  # noqa: E402
 from tilesmith.errors import TilesmithError  # noqa: E402
 from tilesmith.optimize import OptimizeSettings, optimize  # noqa: E402
 from tilesmith.search.agent_provider import check_provider  # noqa: E402
 
 KEY = "sk-local-test"
+
+
+@pytest.fixture(scope="module")
+def slow_ws(tmp_path_factory, inductor_cache):
+    return capture_two_matmuls(tmp_path_factory)
 
 
 def _content(m) -> str:
@@ -45,7 +50,7 @@ def route(body: dict) -> dict:
     return {"content": "Submitted an edit."}
 
 
-def test_agent_track_through_a_local_openai_compatible_server(slow_ws, monkeypatch, tmp_path):  # noqa: F811
+def test_agent_track_through_a_local_openai_compatible_server(slow_ws, monkeypatch, tmp_path):
     skill = tmp_path / "my-skills" / "house-rules"
     skill.mkdir(parents=True)
     (skill / "SKILL.md").write_text("---\nname: house-rules\ndescription: Our team's kernel conventions.\n---\n# Rules\n")
@@ -80,7 +85,7 @@ def test_agent_track_through_a_local_openai_compatible_server(slow_ws, monkeypat
     assert turn1["input_tokens"] > 0 and turn1["model_calls"] == 5
 
 
-def test_provider_failure_after_retries_stops_the_track_with_the_reason(slow_ws, monkeypatch):  # noqa: F811
+def test_provider_failure_after_retries_stops_the_track_with_the_reason(slow_ws, monkeypatch):
     stub = StubOpenAI(route, model="stub-model", fail_first=10**6)
     try:
         monkeypatch.setenv("OPENAI_BASE_URL", stub.base_url)

@@ -11,31 +11,21 @@ import pytest
 
 pytest.importorskip("deepagents")
 
-from langchain_core.messages import AIMessage  # noqa: E402
-
 from tests import agent_helpers as H  # noqa: E402
-from tests.conftest import run_capture_subprocess  # noqa: E402
 from tests.fakes.chat import ScriptedChatModel, ai, first_human, tc, text  # noqa: E402
 from tilesmith import runs, store  # noqa: E402
 from tilesmith.optimize import OptimizeSettings, optimize  # noqa: E402
 from tilesmith.search.agent_provider import register_model  # noqa: E402
 
-FIXTURE = Path(__file__).parent / "fixtures" / "slow_two_matmuls.py"
-
 
 @pytest.fixture(scope="module")
 def slow_ws(tmp_path_factory, inductor_cache):
-    ws = tmp_path_factory.mktemp("ws-two-matmuls") / "ws"
-    p = run_capture_subprocess(FIXTURE, ws)
-    assert p.returncode == 0, p.stderr
-    return ws
+    return H.capture_two_matmuls(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def vectorized_text(tmp_path_factory, inductor_cache) -> str:
-    ws = tmp_path_factory.mktemp("ws-two-matmuls-vec") / "ws"
-    p = run_capture_subprocess(FIXTURE, ws, "--vectorized")
-    assert p.returncode == 0, p.stderr
+    ws = H.capture_two_matmuls(tmp_path_factory, "--vectorized")
     (g,) = sorted((ws / "graphs").iterdir())
     return (g / "wrapper.py").read_text()
 
@@ -181,7 +171,10 @@ def test_two_loops_need_two_distinct_confirmed_improvements_and_the_run_installs
                 lambda ms: ai("", tc("execute", command=f"cp scratch/{name}.py .{attempt_of(ms)}")),
                 ai(f"{name}: submitted")]
 
-    script = Script(submit("vectorized", vectorized_text) + submit("extern_mm", win2))
+    # in loop 2 the agent also tries to slow down the timing baseline (/best.py) through the shell
+    script = Script(submit("vectorized", vectorized_text)
+                    + [ai("", tc("execute", command="cp profiles/original_wrapper.py best.py"))]
+                    + submit("extern_mm", win2))
     # timing needs a few seconds per pass on a busy 2-core machine to show the second win's margin
     result, model = _run(slow_ws, "scripted-loops", script, loops=2, gate_time_budget_s=4.0)
     (t,) = result.tracks
@@ -195,6 +188,8 @@ def test_two_loops_need_two_distinct_confirmed_improvements_and_the_run_installs
     turn2 = json.loads((tdir / "profiles" / "turn_002.json").read_text())
     assert "ACCEPTED" in turn2["message"] and "Loop 2 of 2" in turn2["message"]
     assert (tdir / "best.py").read_text() == win2
+    log = (tdir / "profiles" / "tuner_variants.jsonl").read_text()
+    assert "best.py restored" in log  # the host put the confirmed source back before judging loop 2
 
     installed = install(result.run_id)
     assert [(g.key, g.status) for g in installed.graphs] == [(t.key, "installed")]

@@ -110,6 +110,7 @@ def _turns(agent, state: _TrackState, settings, budget: ModelCallBudget, provide
                         "Edit the attempt file, check it with `evaluate`, then answer.")
             continue
         idle = 0
+        guard_best(track)
         verdict = yield Candidate(text, f"agent turn {turn}: {final.strip()[:100]}", state.attempt)
         last_text = text
         if verdict and verdict.get("accepted"):
@@ -117,6 +118,19 @@ def _turns(agent, state: _TrackState, settings, budget: ModelCallBudget, provide
         feedback = _verdict_message(verdict or {})
         if budget.exhausted:
             return
+
+
+def guard_best(track) -> bool:
+    """The shell is not a sandbox: it could rewrite /best.py, the gate's timing baseline, to make the
+    next candidate look fast. Put back the source the host confirmed; True if it had changed."""
+    best = track.dir / "best.py"
+    if best.exists() and best.read_text() != track.best_text:
+        from tilesmith.workspace import atomic_write_text
+
+        atomic_write_text(best, track.best_text)
+        track.record({"event": "best.py restored: changed outside the host"})
+        return True
+    return False
 
 
 def _turn_message(state: _TrackState, settings, budget: ModelCallBudget, accepted: int, feedback: str | None) -> str:

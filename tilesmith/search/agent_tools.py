@@ -57,6 +57,9 @@ def make_tools(state, settings) -> list:
         pol = Policy(min_improvement=settings.min_improvement, seed=50_000 + state.evaluations, confirm=False)
         if settings.gate_time_budget_s:
             pol.time_budget_s = settings.gate_time_budget_s
+        from tilesmith.search.agent import guard_best
+
+        guard_best(state.track)
         best = state.track.dir / "best.py"
         pol.timing_baseline = str(best) if best.exists() else None
         state.evaluations += 1
