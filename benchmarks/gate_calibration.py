@@ -75,9 +75,12 @@ def slowed_graph(graph: Path, work: Path, speedup: float) -> tuple[Path, float]:
     for _ in range(200):
         torch.sin(x, out=scratch)
     t_sin = (time.perf_counter_ns() - t0) / 200 / 1e6
-    reps = max(1, round((speedup - 1) * t_graph / t_sin))
-    waste = (f"        _waste = torch.empty_like({name})\n        for _ in range({reps}):\n"
-             f"            torch.sin({name}, out=_waste)\n")
+    # Redundant work of about (speedup - 1) * t_graph: whole sin() passes, or one pass over a prefix.
+    passes = (speedup - 1) * t_graph / t_sin
+    reps, n = (round(passes), x.numel()) if passes >= 1 else (1, max(1, int(x.numel() * passes)))
+    waste = (f"        _waste = torch.empty({n}, dtype={name}.dtype, device={name}.device)\n"
+             f"        for _ in range({reps}):\n"
+             f"            torch.sin({name}.reshape(-1)[:{n}], out=_waste)\n")
     slow_text = text.replace("        args.clear()\n", "        args.clear()\n" + waste, 1)
     out = work / "slowed" / graph.name
     out.mkdir(parents=True)

@@ -147,11 +147,14 @@ def with_module_code(text: str, code: str) -> str:
 
 def mm_accumulating_in_bfloat16(text: str, chunk: int = 64) -> str:
     """The bf16 matmul with partial sums rounded to bf16 every `chunk` of K: no fp32 accumulation."""
-    rx = re.compile(r"extern_kernels\.mm\((\w+), (\w+), out=(\w+)\)")
+    rx = re.compile(r"^( *)extern_kernels\.mm\((\w+), (\w+), out=(\w+)\)$", re.M)
     assert rx.search(text), "expected an extern mm"
-    return rx.sub(lambda m: (f"{m.group(3)}.zero_()\n        for _k in range(0, {m.group(1)}.shape[1], {chunk}):\n"
-                             f"            {m.group(3)}.add_({m.group(1)}[:, _k:_k + {chunk}] @ "
-                             f"{m.group(2)}[_k:_k + {chunk}])"), text)
+
+    def sub(m):
+        ind, a, b, out = m.groups()
+        return (f"{ind}{out}.zero_()\n{ind}for _k in range(0, {a}.shape[1], {chunk}):\n"
+                f"{ind}    {out}.add_({a}[:, _k:_k + {chunk}] @ {b}[_k:_k + {chunk}])")
+    return rx.sub(sub, text)
 
 
 def with_redundant_work(text: str, reps: int) -> str:
