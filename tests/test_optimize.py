@@ -187,3 +187,10 @@ def test_optimize_cli_without_a_workspace_is_a_clear_error(tmp_path):
     assert r.exit_code == 1 and "no workspace" in r.stderr and "tilesmith capture" in r.stderr
     r = runner.invoke(app, ["optimize", "-w", str(tmp_path), "--optimizer", "magic"])
     assert r.exit_code == 1 and "unknown optimizer" in r.stderr
+
+
+def test_agent_without_a_model_is_an_error_before_any_run_starts(training_ws, monkeypatch, tilesmith_home):
+    monkeypatch.delenv("TILESMITH_MODEL", raising=False)
+    r = runner.invoke(app, ["optimize", "-w", str(training_ws), "--optimizer", "agent"])
+    assert r.exit_code == 1 and "needs a model" in r.stderr and "--optimizer tuner" in r.stderr
+    assert not (tilesmith_home / "runs").exists()

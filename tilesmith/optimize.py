@@ -123,6 +123,10 @@ def optimize(workspace: str | Path = "tilesmith-workspace",
     settings = (settings or OptimizeSettings()).resolved()
     ws = wsmod.load(workspace)
     graphs = _select(ws, settings.graphs)
+    if settings.optimizer == "agent":  # a missing key or unknown model is an error before any work
+        from tilesmith.search.agent_provider import check_provider
+
+        check_provider(settings)
     if resume:
         run["status"], run["ended"] = "running", None
     else:
