@@ -5,18 +5,18 @@
 
 The graph is examples/oversubscribed.py: CPU inference whose C++ kernels were generated with four
 times more OpenMP threads than the process may use (a container that sees the host's cores). The
-tuner's thread-count search is expected to find that. The table compares, in one process and
-interleaved: eager, Inductor's code, and the same compile with `import tilesmith.runtime`.
+tuner's thread-count search is expected to find that. The table compares, interleaved round by
+round, each path in its own process: eager, Inductor's code, and the same compile with `import
+tilesmith.runtime` (separate processes, so Dynamo's cache cannot hand one path's code to another).
 Exits non-zero unless the runtime path is correct and faster than Inductor's by the threshold.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import subprocess
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,41 +27,43 @@ ROOT = Path(__file__).resolve().parent
 EXAMPLE = ROOT / "examples" / "oversubscribed.py"
 
 
-def measure(a) -> None:
+PATHS = ["eager", "compile default", "tilesmith on default"]
+
+
+def worker(a) -> None:
+    """One path in this process: eager, Inductor's code, or the same compile with the runtime."""
     import runpy
 
     import torch
 
-    ns = runpy.run_path(str(EXAMPLE), run_name="fixture")  # defines Scorer, compiles nothing yet
+    ns = runpy.run_path(str(EXAMPLE), run_name="fixture")  # sets Inductor's thread count, defines Scorer
     torch.manual_seed(0)
     model = ns["Scorer"]().eval()
     x = torch.randn(256, 1024)
-    paths = {"eager": model, "compile default": torch.compile(copy.deepcopy(model))}
-    with torch.no_grad():
-        for fn in paths.values():
-            fn(x)
-        import tilesmith.runtime as rt
+    fn, extra = model, None
+    if a.path != "eager":
+        if a.path.startswith("tilesmith"):
+            import tilesmith.runtime as rt
 
-        paths["tilesmith on default"] = torch.compile(copy.deepcopy(model))
-        paths["tilesmith on default"](x)
-        ref = model(x)
-        errors = {k: float((fn(x) - ref).abs().max()) for k, fn in paths.items()}
-        samples = flow.interleaved(paths, (x,), a.seconds, a.calls, lambda: None)
-    Path(a.out).write_text(json.dumps({"samples_ms": samples, "max_abs_error": errors, "runtime": rt.stats().to_dict(),
-                                       "threads": torch._inductor.config.cpp.threads, "torch": torch.__version__}))
+            extra = lambda: rt.stats().to_dict()  # noqa: E731
+        fn = torch.compile(model)
+    flow.serve(fn, (x,), lambda: None, a.out, extra)
 
 
 def run(a) -> int:
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "home", ignore_errors=True)  # a fresh store: the whole flow runs, no exact hit
     os.environ["TILESMITH_HOME"] = str(out / "home")
     opt, pipeline_s = flow.capture_optimize_install(str(EXAMPLE), ["--steps", "1"], str(out / "workspace"))
-    raw = out / "measure.json"
-    m = subprocess.run([sys.executable, __file__, "measure", "--out", str(raw), "--seconds", str(a.seconds),
-                        "--calls", str(a.calls)], text=True, capture_output=True)
-    if m.returncode != 0:
-        sys.exit(f"measure failed:\n{m.stderr[-3000:]}")
-    d = json.loads(raw.read_text())
+    samples, errors, extras = flow.measure_in_processes(
+        lambda name, f: [sys.executable, __file__, "worker", "--path", name, "--out", f], PATHS, str(out),
+        a.seconds, a.calls)
+    import torch
+
+    d = {"samples_ms": samples, "max_abs_error": errors, "runtime": extras["tilesmith on default"],
+         "threads": 4 * (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()),
+         "torch": torch.__version__}
     thr = float(os.environ.get("TILESMITH_MIN_IMPROVEMENT", "0.02"))
     print(f"\nbenchmark.py: oversubscribed CPU fixture ({d['threads']} OpenMP threads), torch {d['torch']}; "
           f"pipeline {pipeline_s:.0f} s, run {opt['run_id']}")
@@ -83,15 +85,15 @@ def run(a) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r, m = sub.add_parser("run"), sub.add_parser("measure")
-    for p in (r, m):
-        p.add_argument("--seconds", type=float, default=10.0)
-        p.add_argument("--calls", type=int, default=20)
+    r, w = sub.add_parser("run"), sub.add_parser("worker", help="one measured path (run starts these)")
+    r.add_argument("--seconds", type=float, default=10.0, help="timing budget, interleaved rounds")
+    r.add_argument("--calls", type=int, default=20, help="calls per timed sample")
     r.add_argument("--out-dir", default="bench-out")
-    m.add_argument("--out", required=True)
+    w.add_argument("--path", required=True, choices=PATHS)
+    w.add_argument("--out", required=True)
     a = ap.parse_args()
-    if a.cmd == "measure":
-        measure(a)
+    if a.cmd == "worker":
+        worker(a)
         return 0
     return run(a)
 

@@ -3,9 +3,9 @@
     python moe_benchmark.py run [--optimizer tuner|agent] [--model M] [--chip NAME] [--mode default]
 
 `run` captures this file's `model` subcommand with `tilesmith capture`, optimizes with `tilesmith
-optimize`, installs with `tilesmith install`, then measures in a fresh process, interleaved, round by
-round: eager, every torch.compile mode, and tilesmith on top of the user's mode (the same compile
-with `import tilesmith.runtime`). It prints one table and writes JSON, and exits non-zero unless the
+optimize`, installs with `tilesmith install`, then measures, interleaved round by round, each path
+in its own fresh process: eager, every torch.compile mode, and tilesmith on top of the user's mode
+(the same compile with `import tilesmith.runtime`). It prints one table and writes JSON, and exits non-zero unless the
 tilesmith path is correct and faster than the mode it started from by the threshold.
 
 Shapes: 8 sequences x 128 tokens, width 256, 8 heads, 4 experts of hidden width 512, top-2
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -102,37 +102,25 @@ def cmd_model(a) -> None:
     print(f"moe model ({a.mode}): logits {tuple(out.shape)}, checksum {float(out.float().sum()):.3f}")
 
 
-def cmd_measure(a) -> None:
-    """All paths in one process, timed round by round in rotating order; raw samples to JSON."""
-    import copy
+def paths_for(a, cuda: bool) -> list[str]:
+    modes = a.modes.split(",") if a.modes else [m for m in MODES if cuda or m in ("default", "max-autotune-no-cudagraphs")]
+    return ["eager"] + [f"compile {m}" for m in modes] + [f"tilesmith on {a.mode}"]
 
+
+def cmd_worker(a) -> None:
+    """One measured path in this process (cmd_run starts one per path and interleaves them)."""
     import torch
 
     model, tokens = build(a.device)
-    cuda = a.device.startswith("cuda")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    paths = {"eager": model}
-    modes = [m for m in MODES if cuda or "cudagraphs" in m or m == "default"] if not a.modes else a.modes.split(",")
-    for m in modes:
-        paths[f"compile {m}"] = compile_mode(copy.deepcopy(model), m)
-    with torch.no_grad():
-        for fn in paths.values():  # compile and warm everything before tilesmith is imported
-            for _ in range(3):
-                fn(tokens)
-        import tilesmith.runtime as rt  # from here on, Inductor's graphs get the installed artifacts
+    fn, extra = model, None
+    if a.path.startswith("tilesmith on "):
+        import tilesmith.runtime as rt  # before compiling: Inductor's graphs get the installed artifacts
 
-        paths[f"tilesmith on {a.mode}"] = compile_mode(copy.deepcopy(model), a.mode)
-        for _ in range(3):
-            paths[f"tilesmith on {a.mode}"](tokens)
-        sync()
-        ref = model(tokens).float()
-        errors = {name: float((fn(tokens).float() - ref).abs().max()) for name, fn in paths.items()}
-        samples = flow.interleaved(paths, (tokens,), a.seconds, a.calls, sync)
-    stats = rt.stats()
-    stats = stats.to_dict() if hasattr(stats, "to_dict") else dict(stats)
-    Path(a.out).write_text(json.dumps({"samples_ms": samples, "max_abs_error": errors, "runtime": stats,
-                                       "device": torch.cuda.get_device_name() if cuda else "cpu",
-                                       "torch": torch.__version__}))
+        extra = lambda: rt.stats().to_dict()  # noqa: E731
+        fn = compile_mode(model, a.path.removeprefix("tilesmith on "))
+    elif a.path.startswith("compile "):
+        fn = compile_mode(model, a.path.removeprefix("compile "))
+    flow.serve(fn, (tokens,), torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None), a.out, extra)
 
 
 def cmd_run(a) -> int:
@@ -143,18 +131,19 @@ def cmd_run(a) -> int:
         sys.exit(f"--chip {a.chip}: this machine has {torch.cuda.get_device_name()}")
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "home", ignore_errors=True)  # a fresh store: the whole flow runs, no exact hit
     os.environ["TILESMITH_HOME"] = str(out / "home")
     extra = ["--loops", str(a.loops)] + (["--model", a.model] if a.model else []) + \
         (["--max-minutes", str(a.max_minutes)] if a.max_minutes else [])
     run, pipeline_s = flow.capture_optimize_install(__file__, ["model", "--mode", a.mode, "--device", device],
                                                     str(out / "workspace"), a.optimizer, extra)
-    raw = out / "measure.json"
-    cmd = [sys.executable, __file__, "measure", "--mode", a.mode, "--device", device, "--out", str(raw),
-           "--seconds", str(a.seconds), "--calls", str(a.calls)] + (["--modes", a.modes] if a.modes else [])
-    m = subprocess.run(cmd, text=True, capture_output=True)
-    if m.returncode != 0:
-        sys.exit(f"measure failed:\n{m.stderr[-3000:]}")
-    return report(json.loads(raw.read_text()), run, a, out, pipeline_s)
+    names = paths_for(a, device.startswith("cuda"))
+    samples, errors, extras = flow.measure_in_processes(
+        lambda name, f: [sys.executable, __file__, "worker", "--path", name, "--device", device, "--out", f],
+        names, str(out), a.seconds, a.calls)
+    d = {"samples_ms": samples, "max_abs_error": errors, "runtime": extras[names[-1]], "torch": torch.__version__,
+         "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"}
+    return report(d, run, a, out, pipeline_s)
 
 
 def report(d: dict, run: dict, a, out: Path, pipeline_s: float) -> int:
@@ -186,15 +175,16 @@ def main() -> int:
     m.add_argument("--mode", default="default", choices=MODES)
     m.add_argument("--steps", type=int, default=2)
     m.add_argument("--device", default=None)
-    me = sub.add_parser("measure", help="time every path in one process (run calls it)")
+    w = sub.add_parser("worker", help="one measured path (run starts these)")
+    w.add_argument("--path", required=True)
+    w.add_argument("--device", default=None)
+    w.add_argument("--out", required=True)
     r = sub.add_parser("run", help="capture, optimize, install, measure, print the table")
-    for p in (me, r):
-        p.add_argument("--mode", default="default", choices=MODES, help="the user's torch.compile mode")
-        p.add_argument("--device", default=None)
-        p.add_argument("--seconds", type=float, default=20.0, help="timing budget of the measurement")
-        p.add_argument("--calls", type=int, default=10, help="calls per timed sample")
-        p.add_argument("--modes", default=None, help="comma-separated compile modes to compare (default: all that apply)")
-    me.add_argument("--out", required=True)
+    r.add_argument("--mode", default="default", choices=MODES, help="the user's torch.compile mode")
+    r.add_argument("--device", default=None)
+    r.add_argument("--seconds", type=float, default=20.0, help="timing budget, interleaved rounds")
+    r.add_argument("--calls", type=int, default=10, help="calls per timed sample")
+    r.add_argument("--modes", default=None, help="comma-separated compile modes to compare (default: all that apply)")
     r.add_argument("--optimizer", default="tuner", choices=["tuner", "agent"])
     r.add_argument("--model", default=None)
     r.add_argument("--chip", default=None, help="refuse to run unless the GPU's name contains this")
@@ -209,8 +199,8 @@ def main() -> int:
     if a.cmd == "model":
         cmd_model(a)
         return 0
-    if a.cmd == "measure":
-        cmd_measure(a)
+    if a.cmd == "worker":
+        cmd_worker(a)
         return 0
     return cmd_run(a)
 

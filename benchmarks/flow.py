@@ -33,22 +33,72 @@ def capture_optimize_install(script: str, script_args: list[str], ws: str, optim
     return run, time.monotonic() - t0
 
 
-def interleaved(paths: dict, call_args: tuple, seconds: float, calls: int, sync, min_rounds: int = 10) -> dict:
-    """Per path, per-call ms of each sample; paths take turns, the first of each round rotating."""
-    samples = {name: [] for name in paths}
-    names = list(paths)
-    deadline = time.monotonic() + seconds
-    r = 0
-    while time.monotonic() < deadline or r < min_rounds:
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            sync()
-            t0 = time.perf_counter_ns()
-            for _ in range(calls):
-                paths[name](*call_args)
-            sync()
-            samples[name].append((time.perf_counter_ns() - t0) / calls / 1e6)
-        r += 1
-    return samples
+def serve(fn, call_args: tuple, sync, out_file: str, extra=None) -> None:
+    """Worker side of `measure_in_processes`: save one output, then time `fn` on request.
+
+    Protocol on stdin/stdout, one line each: "time N" -> per-call ms of N back-to-back calls;
+    "quit" -> a JSON line of `extra()` (e.g. runtime stats), then exit.
+    """
+    import torch
+
+    with torch.no_grad():
+        for _ in range(3):  # compile, autotune, record CUDA graphs
+            out = fn(*call_args)
+        sync()
+        torch.save(out.detach().float().cpu().clone(), out_file)
+        print("ready", flush=True)
+        for line in sys.stdin:
+            cmd = line.split()
+            if cmd[0] == "time":
+                n = int(cmd[1])
+                sync()
+                t0 = time.perf_counter_ns()
+                for _ in range(n):
+                    fn(*call_args)
+                sync()
+                print((time.perf_counter_ns() - t0) / n / 1e6, flush=True)
+            else:
+                print(json.dumps(extra() if extra else {}), flush=True)
+                return
+
+
+def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, calls: int,
+                         min_rounds: int = 10) -> tuple[dict, dict, dict]:
+    """Each path in its own process (Dynamo caches and the runtime hook cannot leak between paths),
+    timed in interleaved rounds, the first of each round rotating. `worker_cmd(name, out_file)` is
+    the command line of one worker. Returns (samples ms per path, max |error| vs names[0], extras).
+    """
+    import torch
+
+    procs = {}
+    for name in names:
+        out_file = f"{out_dir}/{name.replace(' ', '_')}.pt"
+        procs[name] = (subprocess.Popen(worker_cmd(name, out_file), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, bufsize=1), out_file)
+    try:
+        for name, (p, _) in procs.items():
+            line = p.stdout.readline()
+            if line.strip() != "ready":
+                raise SystemExit(f"path '{name}' failed to start: {line.strip()!r} (exit {p.poll()})")
+        ref = torch.load(procs[names[0]][1])
+        errors = {n: float((torch.load(f) - ref).abs().max()) for n, (_, f) in procs.items()}
+        samples = {n: [] for n in names}
+        deadline, r = time.monotonic() + seconds, 0
+        while time.monotonic() < deadline or r < min_rounds:
+            for n in names[r % len(names):] + names[: r % len(names)]:
+                p = procs[n][0]
+                p.stdin.write(f"time {calls}\n")
+                samples[n].append(float(p.stdout.readline()))
+            r += 1
+        extras = {}
+        for n, (p, _) in procs.items():
+            p.stdin.write("quit\n")
+            extras[n] = json.loads(p.stdout.readline())
+        return samples, errors, extras
+    finally:
+        for p, _ in procs.values():
+            if p.poll() is None:
+                p.kill()
 
 
 def iqr(v: list[float]) -> float:
