@@ -145,7 +145,7 @@ def with_module_code(text: str, code: str) -> str:
     return text + "\n" + code + "\n"
 
 
-def mm_accumulating_in_bfloat16(text: str, chunk: int = 64) -> str:
+def mm_accumulating_in_bfloat16(text: str, chunk: int = 16) -> str:
     """The bf16 matmul with partial sums rounded to bf16 every `chunk` of K: no fp32 accumulation."""
     rx = re.compile(r"^( *)extern_kernels\.mm\((\w+), (\w+), out=(\w+)\)$", re.M)
     assert rx.search(text), "expected an extern mm"

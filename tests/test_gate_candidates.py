@@ -34,6 +34,16 @@ def slow_graph(slow_matmul_graph) -> Path:
     return slow_matmul_graph
 
 
+@pytest.fixture(scope="session")
+def bf16_graph(tmp_path_factory, inductor_cache) -> Path:
+    from tests.conftest import ROOT, run_capture_subprocess
+
+    ws = tmp_path_factory.mktemp("ws-bf16") / "ws"
+    p = run_capture_subprocess(ROOT / "tests" / "fixtures" / "bf16_matmul.py", ws, "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    return h.graph_of(ws)
+
+
 def _judge(graph: Path, text: str, tmp_path: Path, **policy) -> Verdict:
     cand = tmp_path / "candidate.py"
     cand.write_text(text)
@@ -131,3 +141,10 @@ def test_gate_output_files_contain_raw_tensors_only(inf_graph, tmp_path):
     torch.save({"sets": [Evil()]}, f)
     with pytest.raises(pickle.UnpicklingError):
         torch.load(f, weights_only=True)
+
+
+def test_gate_rejects_bfloat16_accumulation_in_a_bfloat16_graph_as_lower_precision(bf16_graph, tmp_path):
+    """The original accumulates the bf16 matmul in fp32; the float64 reference tells the difference."""
+    v = _judge(bf16_graph, h.mm_accumulating_in_bfloat16(_original(bf16_graph)), tmp_path)
+    assert not v.accepted and v.stage == "correctness" and v.reference64
+    assert set(v.codes) == {"precision"}, v.reasons
