@@ -61,18 +61,23 @@ def _scripted(texts_and_labels):
 
 def test_loops_need_confirmed_wins_and_a_rejected_candidate_keeps_the_same_loop_going(oversub_ws, monkeypatch):
     factory, seen = _scripted([(lambda t: t.best_text, "the original again"),
-                               (lambda t: _serial(t.best_text), "serial OpenMP regions")])
+                               (lambda t: _serial(t.best_text), "serial OpenMP regions"),
+                               (lambda t: t.best_text, "the accepted source once more")])
     monkeypatch.setattr(opt, "_optimizer", factory)
     r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, **FAST_GATE))
     (t,) = r.tracks
-    assert [v["accepted"] for v in seen] == [False, True]
+    assert [v["accepted"] for v in seen] == [False, True, False]
     assert seen[0]["stage"] == "timing" and seen[0]["reasons"][0]["code"] == "not-faster"
-    # loop 2 had nothing left to try: one confirmed loop, and the run says why it stopped
-    assert t.loops_done == 1 and t.status == "done" and t.candidates == 2
-    assert t.rejected_by_stage == {"timing": 1} and t.speedup > 1.02 and t.speedup_low > 1.02
+    # loop 2 is timed against the best so far: the accepted source again is not an improvement
     track = runs.track_dir(r.run_id, t.key)
-    assert sorted(p.name for p in (track / "attempts").iterdir()) == ["attempt_00.py", "attempt_01.py"]
-    assert len(list((track / "profiles").glob("verdict_*.json"))) == 2
+    assert seen[0]["timing_baseline_sha256"] is None
+    assert seen[2]["timing_baseline_sha256"] == runs.sha256_file(track / "best.py")
+    assert seen[2]["stage"] == "timing" and seen[2]["reasons"][0]["code"] == "not-faster"
+    # then nothing was left to try: one confirmed loop, and the run says why it stopped
+    assert t.loops_done == 1 and t.status == "done" and t.candidates == 3
+    assert t.rejected_by_stage == {"timing": 2} and t.speedup > 1.02 and t.speedup_low > 1.02
+    assert sorted(p.name for p in (track / "attempts").iterdir()) == [f"attempt_0{i}.py" for i in range(3)]
+    assert len(list((track / "profiles").glob("verdict_*.json"))) == 3
     assert json.loads((track / "profiles" / "baseline.json").read_text())["kernels"]
     best = json.loads((track / "best.json").read_text())
     assert best["verdict"]["accepted"] and best["sha256"] == runs.sha256_file(track / "best.py")

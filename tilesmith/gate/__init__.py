@@ -84,6 +84,12 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
 
     cand = scratch / "candidate.py"
     cand.write_bytes(raw)  # the judged bytes: later edits of the user's file cannot change what runs
+    timing_base = None
+    if policy.timing_baseline:
+        base_raw = Path(policy.timing_baseline).read_bytes()
+        timing_base = scratch / "timing_baseline.py"
+        timing_base.write_bytes(base_raw)
+        v.timing_baseline_sha256 = hashlib.sha256(base_raw).hexdigest()
     data = loading.load_graph_data(gdir, device_map="cpu")
     device = _device(meta)
     seeds = [policy.seed, derive_seed(policy.seed, "confirmation") % (1 << 31)]
@@ -103,7 +109,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
         raise
     v.reference64 = ref["ref64"][seeds[0]] is not None
     reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / ref["per_call_ns"])))
-    ctx = dict(gdir=gdir, cand=cand, scratch=scratch, device=device, policy=policy, mode=mode, pair=pair,
+    ctx = dict(gdir=gdir, cand=cand, timing_base=timing_base, scratch=scratch, device=device, policy=policy, mode=mode, pair=pair,
                reps=reps, ref=ref, note=note, torch=torch, Worker=Worker, WorkerFailure=WorkerFailure)
     v.first = Pass(seed=seeds[0])
     if not _pass(v, v.first, sets[seeds[0]], ctx, confirmation=False, worker=first_worker):
@@ -200,6 +206,7 @@ def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, confirmation: bool, 
             v.stage = stage("load")
             note(v.stage, "loading the candidate in a fresh worker")
             w.request({"op": "load", "graph_dir": str(ctx["gdir"]), "baseline": True, "candidate": str(ctx["cand"]),
+                       "baseline_file": str(ctx["timing_base"]) if ctx["timing_base"] else None,
                        "device": ctx["device"]}, policy.load_timeout_s)
             v.stage = stage("correctness")
             note(v.stage, f"comparing outputs on {len(named_sets)} input sets")

@@ -36,6 +36,10 @@ class Policy:
     load_timeout_s: float = 600.0  # a cold compile of the wrapper's kernels can take minutes
     call_timeout_s: float = 120.0  # one correctness step (all input sets) in a worker
     confirm: bool = True
+    # A wrapper file timed as the baseline instead of the original: the best source so far when an
+    # optimizer loops (each loop must beat the best, not merely the original). Correctness is always
+    # judged against the original.
+    timing_baseline: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,6 +104,7 @@ class Verdict:
     reference64: bool = False  # whether a float64 run of the FX program was available
     min_improvement: float = 0.02
     wall_s: float = 0.0
+    timing_baseline_sha256: str | None = None  # set when the timing baseline was not the original
 
     def to_dict(self) -> dict:
         return asdict(self)

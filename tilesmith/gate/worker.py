@@ -103,7 +103,10 @@ def op_load(st: State, req: dict) -> dict:
     st.device = req.get("device") or "cpu"
     consts = lambda: {k: (_to_device(v, st.device) if isinstance(v, torch.Tensor) else v)  # noqa: E731
                       for k, v in st.data.constants.items()}
-    if req.get("baseline"):
+    if req.get("baseline_file"):  # the best source so far, timed as the baseline
+        with open(req["baseline_file"]) as f:
+            st.fns["baseline"] = loading.load_module(f.read(), consts()).call
+    elif req.get("baseline"):
         st.fns["baseline"] = loading.load_wrapper(req["graph_dir"], consts()).call
     if req.get("candidate"):
         with open(req["candidate"]) as f:
