@@ -15,7 +15,7 @@ _EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-2
 _TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2), torch.float32: (2e-5, 2e-5),
         torch.float64: (1e-10, 1e-10)}
 REF64_FACTOR = 4.0  # the candidate's float64 error may be this multiple of the original's, plus a floor
-REF64_RMS_FACTOR = 2.0  # and its root-mean-square error this multiple (bf16 accumulation: 2-6x; reordered fp32 sums: ~1x)
+REF64_RMS_FACTOR = 2.0  # half-precision outputs: RMS error multiple (bf16 accumulation: 2-6x; fp32 accumulation: ~1x)
 REF64_FLOOR_EPS = 1.0  # floor: epsilons of the output dtype times the output magnitude (rounding the output)
 PRECISION_BAND = 2e-2  # a failing output within this relative error of the original counts as lower precision
 
@@ -64,11 +64,15 @@ def compare_values(cand, orig, ref=None) -> ValueCheck:
         res.ref_orig = float((o - r).abs().max())
         floor = REF64_FLOOR_EPS * _EPS.get(orig.dtype, 1e-3) * rscale
         res.allowed = REF64_FACTOR * res.ref_orig + floor
-        # The root-mean-square error too: accumulating in bf16 spreads error over every element while
-        # the worst element can stay near the original's worst (bf16 output rounding).
-        rms_c = float((c - r).square().mean().sqrt())
-        rms_o = float((o - r).square().mean().sqrt())
-        res.ok = res.ref_cand <= res.allowed and rms_c <= REF64_RMS_FACTOR * rms_o + floor / 20
+        res.ok = res.ref_cand <= res.allowed
+        if orig.dtype in (torch.float16, torch.bfloat16):
+            # Half-precision outputs: the original's error is mostly the final rounding, so the worst
+            # element barely moves when a candidate accumulates in bf16; the RMS error does (2-6x).
+            # (For fp32 outputs an RMS ratio is noisy where only a few elements carry error, and a
+            # precision downgrade is 1000x off anyway.)
+            rms_c = float((c - r).square().mean().sqrt())
+            rms_o = float((o - r).square().mean().sqrt())
+            res.ok = res.ok and rms_c <= REF64_RMS_FACTOR * rms_o + floor / 20
     if not res.ok:
         # Close to the original yet outside tolerance: the signature of computing in lower precision.
         band = max(PRECISION_BAND, 16 * _EPS.get(orig.dtype, 0.0))
