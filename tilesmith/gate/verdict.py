@@ -73,8 +73,8 @@ class Timing:
     mode: str  # launch | graph
     baseline_ms: float  # median per call
     candidate_ms: float
-    speedup: float  # baseline / candidate, geometric (trimmed) mean of the paired ratios
-    speedup_low: float  # one-sided lower confidence bound
+    speedup: float  # baseline / candidate: exp(median of the paired log ratios)
+    speedup_low: float  # one-sided lower confidence bound (sign test, Policy.confidence)
     speedup_high: float
     samples: int  # paired rounds
     calls_per_sample: int
