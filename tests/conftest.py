@@ -37,27 +37,19 @@ def run_capture_subprocess(script: Path, ws: Path, *args: str, env: dict | None 
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-@pytest.fixture(scope="session")
-def training_ws(tmp_path_factory, inductor_cache):
-    ws = tmp_path_factory.mktemp("ws-training") / "ws"
-    p = run_capture_subprocess(EXAMPLES / "training.py", ws, "--steps", "1")
+def captured_workspace(tmp_path_factory, name: str, script: Path, *args: str) -> Path:
+    """Capture `script` once into a fresh temp workspace; fail loudly with the script's stderr."""
+    ws = tmp_path_factory.mktemp(name) / "ws"
+    p = run_capture_subprocess(script, ws, *args)
     assert p.returncode == 0, p.stderr
     return ws
+
+
+@pytest.fixture(scope="session")
+def training_ws(tmp_path_factory, inductor_cache):
+    return captured_workspace(tmp_path_factory, "ws-training", EXAMPLES / "training.py", "--steps", "1")
 
 
 @pytest.fixture(scope="session")
 def inference_ws(tmp_path_factory, inductor_cache):
-    ws = tmp_path_factory.mktemp("ws-inference") / "ws"
-    p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--steps", "1")
-    assert p.returncode == 0, p.stderr
-    return ws
-
-
-@pytest.fixture(scope="session")
-def slow_matmul_graph(tmp_path_factory, inductor_cache):
-    """The one graph of tests/fixtures/slow_matmul.py (scalar loops on purpose): the gate's honest win."""
-    ws = tmp_path_factory.mktemp("ws-slow-matmul") / "ws"
-    p = run_capture_subprocess(ROOT / "tests" / "fixtures" / "slow_matmul.py", ws)
-    assert p.returncode == 0, p.stderr
-    (graph,) = sorted((ws / "graphs").iterdir())
-    return graph
+    return captured_workspace(tmp_path_factory, "ws-inference", EXAMPLES / "inference.py", "--steps", "1")

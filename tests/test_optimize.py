@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import EXAMPLES, run_capture_subprocess
+from tests.conftest import EXAMPLES, captured_workspace
 from tilesmith import optimize as opt
 from tilesmith import runs
 from tilesmith import workspace as wsmod
@@ -23,10 +23,7 @@ FAST_GATE = dict(gate_time_budget_s=4.0)
 
 @pytest.fixture(scope="session")
 def oversub_ws(tmp_path_factory, inductor_cache):
-    ws = tmp_path_factory.mktemp("ws-oversub") / "ws"
-    p = run_capture_subprocess(EXAMPLES / "oversubscribed.py", ws, "--steps", "1")
-    assert p.returncode == 0, p.stderr
-    return ws
+    return captured_workspace(tmp_path_factory, "ws-oversub", EXAMPLES / "oversubscribed.py", "--steps", "1")
 
 
 def _serial(text: str) -> str:
