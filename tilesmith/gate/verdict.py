@@ -29,7 +29,7 @@ class Policy:
     confidence: float = 0.995  # one-sided, per look at the timing samples
     time_budget_s: float = 20.0  # timing samples per pass stop after this much wall time
     min_rounds: int = 12  # paired rounds before the first look
-    max_rounds: int = 400
+    max_rounds: int = 4000  # the time budget normally ends sampling first
     target_sample_ms: float = 2.0  # calls per timed sample are chosen so one sample takes about this long
     rotating_sets: int = 4  # input buffers the timed calls rotate through
     suspicious_speedup: float = 10.0  # above this, the speedup is reported as suspicious
