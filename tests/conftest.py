@@ -53,3 +53,12 @@ def training_ws(tmp_path_factory, inductor_cache):
 @pytest.fixture(scope="session")
 def inference_ws(tmp_path_factory, inductor_cache):
     return captured_workspace(tmp_path_factory, "ws-inference", EXAMPLES / "inference.py", "--steps", "1")
+
+
+@pytest.fixture(scope="session")
+def slow_matmul_graph(tmp_path_factory, inductor_cache):
+    """The one graph of tests/fixtures/slow_matmul.py (scalar loops on purpose): the gate's honest win
+    (used by tests/test_gate_candidates.py and tests/test_gate_cli.py)."""
+    ws = captured_workspace(tmp_path_factory, "ws-slow-matmul", ROOT / "tests" / "fixtures" / "slow_matmul.py")
+    (graph,) = sorted((ws / "graphs").iterdir())
+    return graph
