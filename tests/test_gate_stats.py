@@ -30,6 +30,7 @@ def test_sign_test_rank_matches_the_binomial_tail():
     assert timing.sign_test_rank(5, 0.995) == 0  # 1/32 > 0.005: no bound from five rounds
     assert timing.sign_test_rank(10, 0.99) == 1  # P(B <= 0) = 1/1024 <= 0.01 < P(B <= 1) = 11/1024
     assert timing.sign_test_rank(100, 0.995) == 37  # normal approximation: 50 - 2.576 * 5 = 37.1
+    assert timing.sign_test_rank(4000, 0.995) == pytest.approx(2000 - 2.576 * 31.62, abs=2)  # no overflow
 
 
 def test_paired_estimate_accepts_a_real_speedup_and_rejects_equal_timings():

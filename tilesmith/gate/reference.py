@@ -24,7 +24,7 @@ def fx_program_source(wrapper_text: str) -> str:
     fx, _ = source.split_header(wrapper_text)
     if not fx.strip():
         raise ValueError("the wrapper has no FX program header")
-    fx = re.sub(r"^class <lambda>\(", "class FxProgram(", fx, count=1, flags=re.M)
+    fx = re.sub(r"^class [^(\n]+\(", "class FxProgram(", fx, count=1, flags=re.M)  # <lambda>, GraphModule
     return _FLOAT_DTYPES.sub("torch.float64", fx)
 
 

@@ -32,9 +32,10 @@ def sign_test_rank(n: int, confidence: float) -> int:
     differences is a one-sided lower bound of their median at `confidence`; 0 if n is too small."""
     alpha = 1.0 - confidence
     cdf, k = 0.0, 0
-    total = 2.0**n
+    log_half_n = n * math.log(2.0)
     for j in range(n + 1):
-        cdf += math.comb(n, j) / total  # P(B <= j)
+        # P(B = j) in log space: 2**n overflows a float past n = 1023
+        cdf += math.exp(math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) - log_half_n)
         if cdf > alpha:
             break
         k = j + 1
