@@ -62,10 +62,20 @@ def check_provider(settings=None, *, wait_s: float | None = None) -> Provider:
     else:
         p = Provider(name.removeprefix("openai:"), "openai", OPENAI_URL, "OPENAI_API_KEY", False)
         _need_key(p)
+    # The driver checks before a run starts and each track checks again: a model listed in the last
+    # minute (same endpoint, same key) is not asked for again.
+    memo = (p.model, p.base_url, os.environ.get(p.key_env or ""))
+    if time.monotonic() - _LISTED.get(memo, -1e9) < 60.0:
+        p.listed = True
+        return p
     if wait_s is None:
         wait_s = float(os.environ.get("TILESMITH_MODEL_WAIT_S", "60")) if p.kind == "gateway" else 0.0
     p.listed = _wait_listed(p, wait_s)
+    _LISTED[memo] = time.monotonic()
     return p
+
+
+_LISTED: dict[tuple, float] = {}  # (model, base url, key) -> when it was last seen on /models
 
 
 def _need_key(p: Provider) -> None:
