@@ -144,10 +144,24 @@ def op_outputs(st: State, req: dict) -> dict:
 
 def _poison(device: str) -> None:
     """Fill freshly freed memory with NaN so outputs that are never written read as NaN, not stale data."""
-    if device.startswith("cuda"):
-        free = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-        if free > 0:
-            torch.empty(free // 4, dtype=torch.float32, device=device).fill_(float("nan"))
+    if not device.startswith("cuda"):
+        return
+    # The allocator's free bytes are split over cached blocks: one tensor of the total would not fit
+    # in any of them and would grow the pool instead (each call doubling it, until out of memory).
+    # So poison in halving chunks, and give back any chunk that needed new memory.
+    held, chunk = [], min(torch.cuda.memory_reserved() - torch.cuda.memory_allocated(), 8 << 30)
+    while chunk >= 1 << 20:
+        reserved = torch.cuda.memory_reserved()
+        t = torch.empty(chunk // 4, dtype=torch.float32, device=device)
+        if torch.cuda.memory_reserved() > reserved:
+            del t
+            torch.cuda.empty_cache()
+            chunk //= 2
+            continue
+        t.fill_(float("nan"))
+        held.append(t)
+        chunk = min(chunk, torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
+    del held  # freed: the NaN-filled blocks are what the next allocations get
 
 
 def op_ref64(st: State, req: dict) -> dict:
