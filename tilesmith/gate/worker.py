@@ -156,7 +156,7 @@ def _poison(device: str) -> None:
         if torch.cuda.memory_reserved() > reserved:
             del t
             torch.cuda.empty_cache()
-            chunk //= 2
+            chunk = min(chunk // 2, torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
             continue
         t.fill_(float("nan"))
         held.append(t)
