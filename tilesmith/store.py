@@ -135,7 +135,7 @@ def put(key: str, data: bytes, *, kind: str, environment: dict, evidence: Eviden
                                               f"{evidence.speedup_low:.3f}x)", old)
         verb = "replace" if old is not None else "install"
         why = (f"replaces an artifact with lower bound {old.evidence.speedup_low:.3f}x" + (" (forced)" if force else "")
-               if old is not None else "nothing was installed for this graph")
+               if old is not None else "first artifact for this graph")
         if dry_run:
             return PutResult(key, f"would-{verb}", why, new)
         paths.artifacts_dir().mkdir(parents=True, exist_ok=True)
