@@ -92,13 +92,16 @@ def evidence_from_verdict(verdict: dict) -> store.Evidence:
     timed = [p["timing"] for p in passes if p.get("timing")]
     if not timed:
         raise KeyError("timing")
-    # Report the most conservative pass: the one with the lowest lower bound.
-    t = min(timed, key=lambda t: float(t["speedup_low"]))
+    # One definition everywhere (driver, report, store): the point estimate of the deciding pass (the
+    # confirmation), and an interval that covers both passes (lowest low, highest high). Replacement
+    # decisions compare the low end.
+    t = timed[-1]
+    low, high = min(float(x["speedup_low"]) for x in timed), max(float(x["speedup_high"]) for x in timed)
     sets = [c for p in passes for c in (p.get("correctness") or [])]
     abs_errs = [float(c.get("max_abs_error") or 0.0) for c in sets]
     rel_errs = [float(c.get("max_rel_error") or 0.0) for c in sets]
     return store.Evidence(
-        speedup=float(t["speedup"]), speedup_low=float(t["speedup_low"]), speedup_high=float(t["speedup_high"]),
+        speedup=float(t["speedup"]), speedup_low=low, speedup_high=high,
         mode=str(t.get("mode", "")), samples=int(t.get("samples", 0)),
         baseline_ms=t.get("baseline_ms"), candidate_ms=t.get("candidate_ms"),
         max_abs_error=max(abs_errs) if abs_errs else None, max_rel_error=max(rel_errs) if rel_errs else None,

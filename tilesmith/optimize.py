@@ -302,16 +302,18 @@ def _run_track(rid, ws, g, t: TrackResult, settings, deadline, stop, timing_lock
 
 def _credit(t: TrackResult, vd: dict, loop: int) -> None:
     """Speedup over the original: loop 1 is measured against it; later loops multiply (each was
-    measured against the previous best), which is what the chain of verdicts supports."""
-    tm = (vd.get("confirmation") or vd.get("first") or {}).get("timing") or {}
-    first = (vd.get("first") or {}).get("timing") or {}
-    sp, lo = tm.get("speedup") or first.get("speedup"), min(tm.get("speedup_low") or 9e9, first.get("speedup_low") or 9e9)
-    if not sp:
+    measured against the previous best), which is what the chain of verdicts supports. The numbers
+    per verdict are the store's (install.evidence_from_verdict), so run, report and store agree."""
+    from tilesmith.install import evidence_from_verdict
+
+    try:
+        ev = evidence_from_verdict(vd)
+    except KeyError:
         return
     if loop == 1 or t.speedup is None:
-        t.speedup, t.speedup_low = sp, lo
+        t.speedup, t.speedup_low = ev.speedup, ev.speedup_low
     else:
-        t.speedup, t.speedup_low = t.speedup * sp, (t.speedup_low or 1.0) * lo
+        t.speedup, t.speedup_low = t.speedup * ev.speedup, (t.speedup_low or 1.0) * ev.speedup_low
     if t.baseline_ms:
         t.best_ms = t.baseline_ms / t.speedup
 
