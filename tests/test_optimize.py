@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import EXAMPLES, captured_workspace
 from tilesmith import optimize as opt
+from tilesmith import paths
 from tilesmith import runs
 from tilesmith import workspace as wsmod
 from tilesmith.errors import TilesmithError
@@ -196,3 +197,30 @@ def test_agent_without_a_model_is_an_error_before_any_run_starts(training_ws, mo
     r = runner.invoke(app, ["optimize", "-w", str(training_ws), "--optimizer", "agent"])
     assert r.exit_code == 1 and "needs a model" in r.stderr and "--optimizer tuner" in r.stderr
     assert not (tilesmith_home / "runs").exists()
+
+
+def test_ctrl_c_keeps_the_confirmed_win_marks_the_run_interrupted_and_resume_finishes(oversub_ws, monkeypatch):
+    def factory(settings, track):
+        def gen():
+            yield Candidate(_serial(track.best_text), "serial")
+            raise KeyboardInterrupt  # the user presses Ctrl-C while loop 2 is being searched
+        return gen()
+
+    monkeypatch.setattr(opt, "_optimizer", factory)
+    with pytest.raises(KeyboardInterrupt):
+        opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, **FAST_GATE))
+    (rid,) = [p.name for p in paths.runs_dir().iterdir()]
+    run = runs.load_run(rid)
+    (t,) = run["graphs"].values()
+    assert run["status"] == "interrupted" and t["status"] == "interrupted" and t["loops_done"] == 1
+    assert json.loads((runs.track_dir(rid, t["key"]) / "best.json").read_text())["verdict"]["accepted"]
+    monkeypatch.setattr(opt, "_optimizer", lambda s, tr: iter(()))  # nothing more to try
+    resumed = opt.optimize(resume=rid)
+    assert resumed.status == "complete" and resumed.tracks[0].loops_done == 1 and resumed.tracks[0].status == "done"
+
+
+def test_jobs_runs_graphs_concurrently_and_every_track_ends(training_ws, monkeypatch):
+    monkeypatch.setattr(opt, "_optimizer", lambda s, tr: iter(()))
+    r = opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", jobs=2))
+    assert r.status == "complete" and len(r.tracks) == 4
+    assert all(t.status == "exhausted" and t.baseline_ms for t in r.tracks)

@@ -148,7 +148,6 @@ def optimize(workspace: str | Path = "tilesmith-workspace",
     deadline = time.monotonic() + settings.max_minutes * 60 if settings.max_minutes else None
     stop = threading.Event()
     timing_lock = threading.Lock()  # measurements never overlap: they would disturb each other
-    order = _order_by_time(rid, ws, [g for g in graphs if tracks[g.key].status not in FINAL], timing_lock, note)
 
     def work(g):
         t = tracks[g.key]
@@ -161,14 +160,19 @@ def optimize(workspace: str | Path = "tilesmith-workspace",
 
     interrupted = False
     try:
+        order = _order_by_time(rid, ws, [g for g in graphs if tracks[g.key].status not in FINAL], timing_lock, note)
         if settings.jobs <= 1:
             for g in order:
                 if stop.is_set() or (deadline and time.monotonic() > deadline):
                     break
                 work(g)
         else:
-            with ThreadPoolExecutor(settings.jobs) as pool:
+            pool = ThreadPoolExecutor(settings.jobs)
+            try:
                 list(pool.map(work, order))
+            finally:  # on Ctrl-C: tracks stop at their next step; queued ones never start
+                stop.set()
+                pool.shutdown(wait=True, cancel_futures=True)
     except KeyboardInterrupt:
         interrupted = True
         stop.set()
