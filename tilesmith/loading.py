@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from tilesmith import source
 from tilesmith.errors import TilesmithError
 from tilesmith.workspace import DATA_FILE, WRAPPER_FILE, load_graph_json
 
@@ -42,16 +41,10 @@ def load_graph_data(gdir: Path | str, device_map=None) -> GraphData:
 
 
 def load_module(text: str, constants: dict):
-    """Exec wrapper source (FX header allowed) as a fresh module with `constants` as globals.
+    """Exec wrapper source (FX header allowed) as a fresh module with `constants` as globals."""
+    from tilesmith.runtime import load_source
 
-    Goes through Inductor's PyCodeCache like Inductor itself, so kernels compile the same way.
-    """
-    from torch._inductor.codecache import PyCodeCache
-
-    _, src = source.split_header(text)
-    key, path = PyCodeCache.write(src)
-    # attrs given (even {}) means a fresh module object per load; positional: 2.11 has no set_sys_modules.
-    mod = PyCodeCache.load_by_key_path(key, path, None, dict(constants))
+    mod = load_source(text, dict(constants))
     if not callable(getattr(mod, "call", None)):
         raise TilesmithError("the wrapper defines no call(args)", code="no-call")
     return mod

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from tilesmith import loading
+from tilesmith import loading, source
 from tilesmith.search.kernels import find_kernels
 
 
@@ -86,14 +86,15 @@ def main(gdir: str, src_file: str, calls: int) -> dict:
             mod.call(list(args))
             sync()
             wall.append(time.perf_counter_ns() - t0)
-        kernels = _device_kernels(mod, args, calls) if cuda else _cpu_kernels(mod, text, args, calls)
+        wrapper = source.split_header(text)[1]
+        kernels = _device_kernels(mod, wrapper, args, calls) if cuda else _cpu_kernels(mod, wrapper, args, calls)
     return {"key": data.meta["key"], "device": data.meta["device"], "wall_ns": wall, "kernels": kernels,
             "profiled_calls": calls}
 
 
-def _cpu_kernels(mod, text, args, calls) -> dict:
+def _cpu_kernels(mod, wrapper, args, calls) -> dict:
     stats: dict = {}
-    for k in find_kernels(loading.source.split_header(text)[1]):
+    for k in find_kernels(wrapper):
         if hasattr(mod, k.name):
             setattr(mod, k.name, _Timed(getattr(mod, k.name), k.name, k.kind, stats))
     if hasattr(mod, "extern_kernels"):
@@ -109,10 +110,10 @@ def _cpu_kernels(mod, text, args, calls) -> dict:
     return {n: {k: v for k, v in s.items() if k not in ("cur", "calls_cur")} for n, s in stats.items() if s["ns"]}
 
 
-def _device_kernels(mod, args, calls) -> dict:
+def _device_kernels(mod, wrapper, args, calls) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    names = {k.name: k.kind for k in find_kernels(loading.source.split_header(open(mod.__file__).read())[1])}
+    names = {k.name: k.kind for k in find_kernels(wrapper)}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             mod.call(list(args))

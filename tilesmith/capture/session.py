@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tilesmith import environment, source
+from tilesmith import environment, runtime, source
 from tilesmith.capture import tensors
 from tilesmith.runtime import hook
 from tilesmith.workspace import DATA_FILE, GRAPH_FILE, WRAPPER_FILE, GraphInfo, graph_dir, write_json
@@ -30,6 +30,8 @@ def count_kernels(src: str) -> dict:
 
 class CaptureSession:
     """Collects graphs into `ws_path/graphs/`; `graphs` maps key -> GraphInfo."""
+
+    records_inductor_code = True  # the runtime stands aside while a capture records Inductor's own code
 
     def __init__(self, ws_path: Path, max_input_bytes: int, on_graph=None):
         self.ws_path = Path(ws_path)
@@ -63,15 +65,16 @@ class CaptureSession:
             if key in self.graphs:  # the same graph again (recompile to identical code): capture once
                 self.graphs[key].seen += 1
                 return None
-            info = self._describe(g, pc, canon, key)
+            consts = runtime.graph_constants(g, pc)
+            info = self._describe(g, pc, canon, key, consts)
             self.graphs[key] = info
+            self.constants[key] = consts
         gdir = graph_dir(self.ws_path, key)
         gdir.mkdir(parents=True, exist_ok=True)
         fx = getattr(g, "inductor_post_grad_graph_str", None) or "(FX program not available)"
         (gdir / WRAPPER_FILE).write_text(source.add_header(fx, canon))
-        meta = self._graph_meta(g, pc, info)
+        meta = self._graph_meta(g, info, consts)
         meta["environment"] = env
-        self.constants[key] = _constants(g, pc)
         write_json(gdir / GRAPH_FILE, meta)
         self._wrap_first_call(g, info, gdir, meta)
 
@@ -84,7 +87,7 @@ class CaptureSession:
 
         return after
 
-    def _describe(self, g, pc, canon: str, key: str) -> GraphInfo:
+    def _describe(self, g, pc, canon: str, key: str, consts: dict) -> GraphInfo:
         fxk = getattr(g, "fx_kwargs", None) or {}
         m = _KIND_RX.search(g.source_code)
         if pc.graph_kwargs.get("is_backward", fxk.get("is_backward")):
@@ -99,12 +102,12 @@ class CaptureSession:
         info = GraphInfo(key=key, kind=kind, device="+".join(sorted(set(devices))) or "cpu", compile_mode="plain",
                          kernels=count_kernels(canon), eligible=True,
                          fx_graph_cache_key=getattr(g, "_fx_graph_cache_key", None) or "")
-        reason = self._static_ineligibility(g, pc, info)
+        reason = self._static_ineligibility(g, pc, info, consts)
         if reason:
             info.eligible, info.reason = False, reason
         return info
 
-    def _static_ineligibility(self, g, pc, info: GraphInfo) -> str:
+    def _static_ineligibility(self, g, pc, info: GraphInfo, consts: dict) -> str:
         fx = getattr(g, "inductor_post_grad_graph_str", "") or ""
         if "Sym(" in fx or any(isinstance(x, torch.SymInt) for x in (pc.example_inputs or ())) or getattr(g, "guards_expr", None):
             return "dynamic shapes (symbolic sizes): only static-shape graphs are optimized"
@@ -114,15 +117,14 @@ class CaptureSession:
             names = ", ".join(sorted(getattr(g, "mutated_inputs", None) or [])) or "some inputs"
             return f"mutates its inputs ({names}): not optimized yet"
         if getattr(g, "frozen_param_names", None) and any(
-            getattr(t, "is_mkldnn", False) for t in _constants(g, pc).values() if isinstance(t, torch.Tensor)
+            getattr(t, "is_mkldnn", False) for t in consts.values() if isinstance(t, torch.Tensor)
         ):
             return "frozen mkldnn weights cannot be stored and replayed"
         if not any(info.kernels.values()):
             return "no kernels or library calls: nothing to optimize"
         return ""
 
-    def _graph_meta(self, g, pc, info: GraphInfo) -> dict:
-        consts = _constants(g, pc)
+    def _graph_meta(self, g, info: GraphInfo, consts: dict) -> dict:
         return {
             "key": info.key,
             "kind": info.kind,
@@ -203,7 +205,7 @@ class CaptureSession:
         data = {
             "inputs": saved,
             "outputs": [tensors.snapshot(o) if isinstance(o, torch.Tensor) else o for o in outs],
-            "constants": {k: v for k, v in _constants(g, None).items() if isinstance(v, torch.Tensor)},
+            "constants": {k: v for k, v in self.constants[info.key].items() if isinstance(v, torch.Tensor)},
             "rng": rng,
         }
         tmp = gdir / (DATA_FILE + ".tmp")
@@ -219,21 +221,6 @@ class CaptureSession:
             info.eligible, info.reason = False, note
         meta.update(data_stored=False, data_note=note, eligible=info.eligible, reason=info.reason)
         write_json(gdir / GRAPH_FILE, meta)
-
-
-def _constants(g, pc) -> dict:
-    """The module globals Inductor injects into the wrapper (constants, frozen params)."""
-    consts = getattr(pc, "constants", None) if pc is not None else None
-    if consts is None:
-        consts = getattr(g, "_tilesmith_constants", None)
-    if consts is None:
-        return dict(getattr(g, "constants", None) or {})
-    try:
-        unwrapped = consts.unwrap(g)
-    except Exception:
-        unwrapped = dict(getattr(g, "constants", None) or {})
-    g._tilesmith_constants = consts
-    return dict(unwrapped)
 
 
 def _rng_state(refs) -> dict:

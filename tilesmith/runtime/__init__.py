@@ -122,7 +122,7 @@ def _handle(pc: hook.PostCompile):
 def _capture_active() -> bool:
     # `tilesmith capture` imports tilesmith.runtime.hook, which imports this package and so registers
     # this handler: a capture must record Inductor's own code and outputs, never an artifact's.
-    return any(type(h).__module__.startswith("tilesmith.capture") for h in hook.handlers())
+    return any(getattr(h, "records_inductor_code", False) for h in hook.handlers())
 
 
 def load_installed(key: str, constants: dict, env: dict | None = None):
@@ -146,14 +146,14 @@ def load_installed(key: str, constants: dict, env: dict | None = None):
     if want_env != environment.fingerprint_id(env):
         raise _Skip(f"installed for another environment ({environment.describe(manifest.get('environment') or {})}; "
                     f"this process: {environment.describe(env)})")
-    mod = _load(data.decode(), constants)
+    mod = load_source(data.decode(), constants)
     if not callable(getattr(mod, "call", None)):
         raise _Skip("the artifact defines no call(args)")
     return mod
 
 
 def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
-    mod = load_installed(key, _constants(g, pc), env)
+    mod = load_installed(key, graph_constants(g, pc), env)
     call = mod.call
     g.current_callable = call
     # Graph-partition wrappers: Inductor's post_compile cudagraphifies partitions through these.
@@ -167,7 +167,9 @@ def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
     log.info("tilesmith: %s: loaded the installed artifact instead of Inductor's wrapper", key[:12])
 
 
-def _load(text: str, constants: dict):
+def load_source(text: str, constants: dict):
+    """Exec wrapper source (FX header allowed) as a fresh module with `constants` as its globals, through
+    Inductor's PyCodeCache, the way Inductor loads its own wrappers."""
     from torch._inductor.codecache import PyCodeCache
 
     _, src = source.split_header(text)
@@ -177,7 +179,8 @@ def _load(text: str, constants: dict):
     return PyCodeCache.load_by_key_path(mkey, path, None, constants)
 
 
-def _constants(g, pc: hook.PostCompile) -> dict:
+def graph_constants(g, pc: hook.PostCompile) -> dict:
+    """The module globals Inductor injects into the graph's wrapper (constants, frozen params)."""
     consts = pc.constants
     if consts is None:
         return dict(getattr(g, "constants", None) or {})

@@ -79,13 +79,11 @@ def search(track, config: TunerConfig | None = None) -> Generator[Candidate, dic
 
 
 def _split(text: str) -> tuple[str, str]:
-    from tilesmith.source import HEADER_END
+    """(the FX header exactly as written, the wrapper source)."""
+    from tilesmith.source import split_header
 
-    i = text.find(HEADER_END + "\n")
-    if i < 0:
-        return "", text
-    cut = i + len(HEADER_END) + 1
-    return text[:cut], text[cut:]
+    src = split_header(text)[1]
+    return text[: len(text) - len(src)], src
 
 
 def _ordered(kernels: list, profile) -> list:
