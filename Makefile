@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo gpu-deps gpu-test bench-gpu lint clean
+.PHONY: install test demo gpu-deps gpu-test gpu-test-run bench-gpu lint clean
 
 $(BIN)/tilesmith: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,9 +29,16 @@ GPU_ENV := PYTHONPATH=$(CURDIR):/tmp/site PYTHONUNBUFFERED=1
 gpu-deps:
 	test -d .whl && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || true
 
-gpu-test: gpu-deps
+# GPU_TESTS picks files and TAG names the results, so several groups can run side by side in one call:
+#   make gpu-deps; make gpu-test-run GPU_TESTS=tests/gpu/test_gate_gpu.py TAG=gate & ...
+GPU_TESTS ?= tests/gpu
+TAG ?= all
+gpu-test: gpu-deps gpu-test-run
+
+gpu-test-run:
 	mkdir -p $(OUT)
-	$(GPU_ENV) python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider --durations=15 --junitxml=$(OUT)/gpu-tests.xml
+	$(GPU_ENV) python3 -m pytest -q -m gpu $(GPU_TESTS) -p no:cacheprovider --basetemp=/tmp/pytest-$(TAG) \
+		--durations=15 --junitxml=$(OUT)/gpu-tests-$(TAG).xml
 
 bench-gpu: gpu-deps
 	mkdir -p $(OUT)

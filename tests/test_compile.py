@@ -15,8 +15,8 @@ from tilesmith import runs
 SCRIPT = Path(__file__).parent / "fixtures" / "compile_api.py"
 
 
-def drive(what: str) -> dict:
-    p = subprocess.run([sys.executable, str(SCRIPT), what], capture_output=True, text=True, timeout=1200)
+def drive(what: str, device: str = "cpu") -> dict:
+    p = subprocess.run([sys.executable, str(SCRIPT), what, device], capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 

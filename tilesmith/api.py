@@ -81,6 +81,12 @@ class Optimized:
             self._round()
         return out
 
+    @property
+    def tilesmith_busy(self) -> bool:
+        """True while a background optimization round (block=False) is running."""
+        t = self._thread
+        return t is not None and t.is_alive()
+
     def wait(self, timeout: float | None = None) -> None:
         """Block until a background optimization round (block=False) has finished."""
         t = self._thread
