@@ -62,3 +62,12 @@ def slow_matmul_graph(tmp_path_factory, inductor_cache):
     ws = captured_workspace(tmp_path_factory, "ws-slow-matmul", ROOT / "tests" / "fixtures" / "slow_matmul.py")
     (graph,) = sorted((ws / "graphs").iterdir())
     return graph
+
+
+def pytest_runtest_logreport(report):
+    """With TILESMITH_TEST_STREAM_FAILURES=1 (the GPU calls), a failure's traceback is printed when it
+    happens, so a call cut off by its time limit still shows why the earlier tests failed."""
+    import os
+
+    if report.failed and os.environ.get("TILESMITH_TEST_STREAM_FAILURES"):
+        print(f"\n----- FAILED {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n-----", flush=True)
