@@ -42,8 +42,11 @@ gpu-test-run:
 
 bench-gpu: gpu-deps
 	mkdir -p $(OUT)
-	$(GPU_ENV) python3 benchmark.py run --out-dir /tmp/bench-out && cp /tmp/bench-out/benchmark.json $(OUT)/ || true
-	$(GPU_ENV) python3 moe_benchmark.py run --chip H200 --max-minutes 6 --out-dir /tmp/moe-out; cp /tmp/moe-out/moe_benchmark.json $(OUT)/ || true
+	$(GPU_ENV) python3 benchmark.py run --out-dir /tmp/bench-out 2>&1 | tee $(OUT)/benchmark.log; cp /tmp/bench-out/benchmark.json $(OUT)/ || true
+	$(GPU_ENV) python3 moe_benchmark.py run --chip H200 --max-minutes $(MOE_MINUTES) --out-dir /tmp/moe-out 2>&1 | tee $(OUT)/moe.log; \
+		cp /tmp/moe-out/moe_benchmark.json $(OUT)/ || true
+	$(GPU_ENV) TILESMITH_HOME=/tmp/moe-out/home python3 -m tilesmith_cli.app report --json > $(OUT)/moe_report.json || true
+MOE_MINUTES ?= 3
 
 lint: install
 	$(BIN)/python -m pip install -q pyflakes
