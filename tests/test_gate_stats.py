@@ -119,3 +119,41 @@ def test_verdict_round_trips_through_json():
     v = Verdict(True, "confirmation", "k" * 64, "s" * 64, [Reason("x", "y")], [Reason("w", "z")],
                 Pass(1, [SetCorrectness("captured", True, 0.0, 0.0, 1e-8, 1e-8)], t), Pass(2, [], t), True, 0.02, 3.5)
     assert Verdict.from_dict(json.loads(json.dumps(v.to_dict()))) == v
+
+
+class _ScriptedTimingWorker:
+    """Answers the timing stage's `time` requests with seeded samples of a known ratio (about 0.2 us each,
+    less than the time spent making them, so they always fit in the wall time the parent measures)."""
+
+    def __init__(self, ratio: float, noise: float, seed: int):
+        self.rng = random.Random(seed)
+        self.ratio, self.noise = ratio, noise
+
+    def request(self, msg: dict, timeout_s: float) -> dict:
+        b = [int(200 * math.exp(self.rng.gauss(0, self.noise))) for _ in range(msg["rounds"])]
+        c = [int(200 / self.ratio * math.exp(self.rng.gauss(0, self.noise))) for _ in range(msg["rounds"])]
+        return {"ok": True, "ns": {"baseline": b, "candidate": c}}
+
+
+def test_futility_bound_ends_equal_timings_sooner_and_never_adds_an_accept():
+    def run(futility: float, ratio: float, seed: int):
+        policy = Policy(min_improvement=0.02, futility_confidence=futility, time_budget_s=1e9, max_rounds=3000)
+        t, reasons = timing.measure(_ScriptedTimingWorker(ratio, 0.03, seed), policy, "launch", 1, 200.0)
+        return t.samples, not reasons
+
+    plain = [run(0.995, 1.0, s) for s in range(40)]  # futility at the accept confidence: the old rule
+    early = [run(0.95, 1.0, s) for s in range(40)]
+    assert sum(n for n, _ in early) < sum(n for n, _ in plain)
+    assert not any(ok for _, ok in early) and not any(ok for _, ok in plain)
+    assert all(ok for _, ok in (run(0.95, 1.10, s) for s in range(10)))  # a clear win is still accepted
+
+
+def test_calibration_bounds_are_exact_clopper_pearson():
+    from benchmarks.gate_calibration import binomial_cdf, clopper_pearson
+
+    lo, hi = clopper_pearson(0, 600)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.05 ** (1 / 600), rel=1e-6) and hi < 0.005  # ~3/N
+    lo, hi = clopper_pearson(190, 200)
+    assert binomial_cdf(190, 200, hi) == pytest.approx(0.05, abs=1e-6)  # P(X <= 190 | upper) = 5 %
+    assert 1 - binomial_cdf(189, 200, lo) == pytest.approx(0.05, abs=1e-6)  # P(X >= 190 | lower) = 5 %
+    assert lo < 0.95 < hi and clopper_pearson(200, 200)[1] == 1.0

@@ -8,9 +8,11 @@ and statistic is computed here, from raw tensors and raw nanosecond samples.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -82,6 +84,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     from tilesmith.gate.inputs import derive_seed, make_sets
     from tilesmith.gate.proc import Worker, WorkerFailure
 
+    clock = _Clock(v.stage_seconds)
     cand = scratch / "candidate.py"
     cand.write_bytes(raw)  # the judged bytes: later edits of the user's file cannot change what runs
     timing_base = None
@@ -90,41 +93,115 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
         timing_base = scratch / "timing_baseline.py"
         timing_base.write_bytes(base_raw)
         v.timing_baseline_sha256 = hashlib.sha256(base_raw).hexdigest()
-    data = loading.load_graph_data(gdir, device_map="cpu")
+    with clock("inputs"):
+        data = loading.load_graph_data(gdir, device_map="cpu")
+        seeds = [policy.seed, derive_seed(policy.seed, "confirmation") % (1 << 31)]
+        sets = {s: make_sets(meta, data.inputs, s, policy.random_sets) for s in seeds}
     device = _device(meta)
-    seeds = [policy.seed, derive_seed(policy.seed, "confirmation") % (1 << 31)]
-    sets = {s: make_sets(meta, data.inputs, s, policy.random_sets) for s in seeds}
     pair = (1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1)
-    note("load", "running the original in a reference worker")
-    # The first candidate worker starts now: its interpreter and imports overlap the reference run.
-    first_worker = Worker("candidate", scratch)
+    ctx = dict(gdir=gdir, cand=cand, timing_base=timing_base, scratch=scratch, device=device, policy=policy, mode=mode,
+               pair=pair, note=note, torch=torch, WorkerFailure=WorkerFailure, clock=clock)
+    note("load", "starting workers; the original runs in its own reference worker")
+    # Every worker starts now, before candidate code runs anywhere, so their interpreters, imports, CUDA
+    # contexts and baseline loads overlap one another and the reference run; each is still fresh (no
+    # candidate code in it) when its candidate arrives, and the confirmation's is a different process
+    # with new seeds. A live sibling worker gives a candidate nothing to attack that the deciding
+    # process (same user, alive throughout) does not already offer.
+    # On a machine with few cores a third interpreter starting alongside would slow the other two
+    # down and is wasted when the first pass rejects: there the confirmation's worker starts after it.
+    early = policy.confirm and _cores() >= policy.prestart_min_cores
+    preps = [_Prepared(Worker("candidate", scratch, device), ctx)]
+    if early:
+        preps.append(_Prepared(Worker("candidate", scratch, device), ctx))
+    ref = _Reference(gdir, sets, pair, scratch, device, policy, clock, quiet_first=preps[1:])
     try:
-        ref = _cached_reference(gdir, sets, pair, scratch, device, policy)
-    except WorkerFailure as e:
-        first_worker.close()
-        raise TilesmithError(f"the original wrapper fails in a gate worker ({e.code}): {e.message}",
-                             code="baseline-failed", hint="check `tilesmith replay GRAPH_DIR` first") from None
-    except BaseException:
-        first_worker.close()
-        raise
-    v.reference64 = ref["ref64"][seeds[0]] is not None
-    reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / ref["per_call_ns"])))
-    ctx = dict(gdir=gdir, cand=cand, timing_base=timing_base, scratch=scratch, device=device, policy=policy, mode=mode, pair=pair,
-               reps=reps, ref=ref, note=note, torch=torch, Worker=Worker, WorkerFailure=WorkerFailure)
-    v.first = Pass(seed=seeds[0])
-    if not _pass(v, v.first, sets[seeds[0]], ctx, confirmation=False, worker=first_worker):
-        return
-    if not policy.confirm:
-        v.accepted = True
-        return
-    v.confirmation = Pass(seed=seeds[1])
-    v.accepted = _pass(v, v.confirmation, sets[seeds[1]], ctx, confirmation=True)
+        v.first = Pass(seed=seeds[0])
+        ok = _pass(v, v.first, sets[seeds[0]], ctx, preps[0], ref, others=preps[1:], confirmation=False)
+        preps[0].close()  # the first candidate's process is gone before the confirmation runs
+        v.reference64 = ref.done and ref.get()["ref64"][seeds[0]] is not None
+        if not ok:
+            return
+        if not policy.confirm:
+            v.accepted = True
+            return
+        if not early:
+            preps.append(_Prepared(Worker("candidate", scratch, device), ctx))
+        v.confirmation = Pass(seed=seeds[1])
+        v.accepted = _pass(v, v.confirmation, sets[seeds[1]], ctx, preps[1], ref, others=[], confirmation=True)
+    finally:
+        ref.close()
+        for w in preps:
+            w.close()
     t1, t2 = v.first.timing, v.confirmation.timing
     if v.accepted and max(t1.speedup, t2.speedup) > policy.suspicious_speedup \
             and not 0.5 <= t2.speedup / t1.speedup <= 2.0:
         v.accepted = False
         v.reasons.append(Reason("suspicious-speedup", f"a {t1.speedup:.1f}x speedup did not reproduce in the "
                                                       f"confirmation ({t2.speedup:.1f}x)"))
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class _Clock:
+    """Adds wall seconds per step into a Verdict's stage_seconds."""
+
+    def __init__(self, into: dict):
+        self.into = into
+
+    @contextlib.contextmanager
+    def __call__(self, key: str):
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(key, time.monotonic() - t0)
+
+    def add(self, key: str, seconds: float) -> None:
+        self.into[key] = round(self.into.get(key, 0.0) + seconds, 4)
+
+
+class _Prepared:
+    """A candidate worker started early: in a background thread it finishes its imports and loads the
+    baseline (trusted code only) while the deciding thread does other work."""
+
+    def __init__(self, worker, ctx: dict):
+        self.worker = worker
+        self.error = None
+        self.startup_s = None
+        self._thread = threading.Thread(target=self._prepare, args=(ctx,), daemon=True)
+        self._thread.start()
+
+    def _prepare(self, ctx: dict) -> None:
+        policy = ctx["policy"]
+        try:
+            self.startup_s = self.worker.request({"op": "ready"}, policy.load_timeout_s).get("startup_s")
+            self.worker.request({"op": "load", "graph_dir": str(ctx["gdir"]), "baseline": True,
+                                 "baseline_file": str(ctx["timing_base"]) if ctx["timing_base"] else None,
+                                 "device": ctx["device"]}, policy.load_timeout_s)
+        except BaseException as e:  # re-raised by wait() in the deciding thread
+            self.error = e
+
+    def idle(self) -> None:
+        """Block until the preparation is over (the worker then waits on stdin, using nothing)."""
+        self._thread.join()
+
+    def wait(self):
+        """The prepared worker, or the WorkerFailure that ended its preparation."""
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.worker
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self.worker.kill()  # ends the pending request: the thread sees the worker die and returns
+            self._thread.join()
+        self.worker.close()
 
 
 def _save_sets(path: Path, named_sets: list, torch) -> None:
@@ -139,54 +216,129 @@ def _load_raw(path: Path, torch):
         path.unlink(missing_ok=True)
 
 
-def _reference(gdir, sets: dict, pair, scratch: Path, device: str, policy: Policy) -> dict:
-    """The original alone, in its own worker: outputs on every set of every pass, float64 reference,
-    and a solo per-call time that sizes timed samples and bounds the paired baseline."""
+# The original's results depend only on the graph's files, the device and the input sets: judging many
+# candidates for one graph (an optimizer's loop, a test suite) reuses them. Kept in this (trusted)
+# process only; a file cache could be written by candidate code.
+_REF_CACHE: dict = {}  # (graph id, seed, random_sets, pair, device) -> {"base": ..., "ref64": ...}
+_SOLO_CACHE: dict = {}  # (graph id, device, rotating_sets) -> per-call ns of the original alone
+_REF_CACHE_SEEDS = 8
+
+
+def _graph_id(gdir: Path) -> tuple:
+    """The graph's content (wrapper and metadata hashed; the data file by size and mtime, it can be large)."""
+    h = hashlib.sha256()
+    for f in (WRAPPER_FILE, "graph.json"):
+        p = gdir / f
+        h.update(p.read_bytes() if p.exists() else b"")
+    st = os.stat(gdir / "data.pt")
+    return (h.hexdigest(), st.st_size, st.st_mtime_ns)
+
+
+class _Reference:
+    """The original's outputs and float64 reference for every seed, and its solo per-call time: from the
+    cache, or from a reference worker (never loads the candidate) run in a background thread."""
+
+    def __init__(self, gdir: Path, sets: dict, pair, scratch: Path, device: str, policy: Policy, clock: _Clock,
+                 quiet_first: list):
+        gid = _graph_id(gdir)
+        self._keys = {s: (gid, s, policy.random_sets, tuple(pair), device) for s in sets}
+        self._solo_key = (gid, device, policy.rotating_sets)
+        self.quiet = threading.Event()
+        self.error = None
+        self.worker = None
+        self._thread = None
+        missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
+        if missing or self._solo_key not in _SOLO_CACHE:
+            from tilesmith.gate.proc import Worker
+
+            self.worker = Worker("reference", scratch, device)
+            args = (gdir, missing, sets, pair, scratch, device, policy, clock, quiet_first)
+            self._thread = threading.Thread(target=self._run, args=args, daemon=True)
+            self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return self._thread is None or (not self._thread.is_alive() and self.error is None)
+
+    def _run(self, gdir, missing, sets, pair, scratch, device, policy, clock, quiet_first) -> None:
+        t0 = time.monotonic()
+        try:
+            per_seed, solo = _reference(self.worker, gdir, missing, sets, pair, scratch, device, policy,
+                                        self.quiet, quiet_first)
+            for s, r in per_seed.items():
+                while len(_REF_CACHE) >= _REF_CACHE_SEEDS:
+                    _REF_CACHE.pop(next(iter(_REF_CACHE)))
+                _REF_CACHE[self._keys[s]] = r
+            _SOLO_CACHE[self._solo_key] = solo
+        except BaseException as e:  # re-raised by get() in the deciding thread
+            self.error = e
+        finally:
+            self.worker.close()
+            clock.add("reference", time.monotonic() - t0)
+
+    def calm(self) -> None:
+        """The deciding thread's worker is idle: the reference may time the original alone."""
+        self.quiet.set()
+
+    def get(self) -> dict:
+        """{"base": {seed: ...}, "ref64": {seed: ... | None}, "per_call_ns": float}, waiting if need be."""
+        from tilesmith.gate.proc import WorkerFailure
+
+        self.calm()
+        if self._thread is not None:
+            self._thread.join()
+        if isinstance(self.error, WorkerFailure):
+            e = self.error
+            raise TilesmithError(f"the original wrapper fails in a gate worker ({e.code}): {e.message}",
+                                 code="baseline-failed", hint="check `tilesmith replay GRAPH_DIR` first") from None
+        if self.error is not None:
+            raise self.error
+        out = {"base": {}, "ref64": {}, "per_call_ns": _SOLO_CACHE[self._solo_key]}
+        for s, k in self._keys.items():
+            out["base"][s], out["ref64"][s] = _REF_CACHE[k]["base"], _REF_CACHE[k]["ref64"]
+        return out
+
+    def close(self) -> None:
+        """Stop a reference that is still running (the candidate failed before it was needed)."""
+        self.quiet.set()
+        if self._thread is not None and self._thread.is_alive():
+            self.worker.kill()
+            self._thread.join()
+
+
+def _reference(w, gdir, missing: dict, sets: dict, pair, scratch: Path, device: str, policy: Policy,
+               quiet, quiet_first: list) -> tuple[dict, float]:
+    """The original alone, in worker `w`: outputs and the float64 reference on every set of the seeds in
+    `missing`, then (once `quiet` is set and the workers in quiet_first are idle) a solo per-call time
+    that sizes timed samples and bounds the paired baseline."""
     import statistics
 
     import torch
 
-    from tilesmith.gate.proc import Worker
-
-    out = {"base": {}, "ref64": {}}
+    out = {}
     text = (Path(gdir) / WRAPPER_FILE).read_text()
-    with Worker("reference", scratch) as w:
-        w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": device}, policy.load_timeout_s)
-        for seed, named in sets.items():
-            f, o = scratch / f"sets-{seed}.pt", scratch / f"ref-{seed}.pt"
-            _save_sets(f, named, torch)
-            w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o),
-                       "pair": list(pair)}, policy.call_timeout_s)
-            out["base"][seed] = _load_raw(o, torch)
-            r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
-                          policy.call_timeout_s)
-            out["ref64"][seed] = _load_raw(o, torch)["outputs"] if r.get("available") else None
-            f.unlink()
-        first = next(iter(sets.values()))
-        f = scratch / "rotating.pt"
-        _save_sets(f, _rotating(first, policy), torch)
-        w.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch"},
-                  policy.call_timeout_s)
+    w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": device}, policy.load_timeout_s)
+    for seed, named in missing.items():
+        f, o = scratch / f"sets-ref-{seed}.pt", scratch / f"ref-{seed}.pt"
+        _save_sets(f, named, torch)
+        w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o),
+                   "pair": list(pair)}, policy.call_timeout_s)
+        base = _load_raw(o, torch)
+        r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
+                      policy.call_timeout_s)
+        out[seed] = {"base": base, "ref64": _load_raw(o, torch)["outputs"] if r.get("available") else None}
         f.unlink()
-        r = w.request({"op": "time", "rounds": 7, "reps": 1, "roles": ["baseline"]}, policy.call_timeout_s)
-        out["per_call_ns"] = max(1000.0, float(statistics.median(r["ns"]["baseline"])))
-    return out
-
-
-_REF_CACHE: dict = {}
-
-
-def _cached_reference(gdir: Path, sets: dict, pair, scratch: Path, device: str, policy: Policy) -> dict:
-    """The original's results depend only on the graph files and the input sets: judging many candidates
-    for one graph (an optimizer's loop, a test suite) runs the reference worker once per seed."""
-    stat = [(f, os.stat(gdir / f).st_mtime_ns, os.stat(gdir / f).st_size) for f in (WRAPPER_FILE, "data.pt")]
-    key = (str(gdir.resolve()), tuple(stat), tuple(sets), policy.random_sets, tuple(pair), device,
-           policy.rotating_sets)
-    if key not in _REF_CACHE:
-        if len(_REF_CACHE) >= 4:
-            _REF_CACHE.pop(next(iter(_REF_CACHE)))
-        _REF_CACHE[key] = _reference(gdir, sets, pair, scratch, device, policy)
-    return _REF_CACHE[key]
+    f = scratch / "rotating-ref.pt"
+    _save_sets(f, _rotating(next(iter(sets.values())), policy), torch)
+    w.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch"},
+              policy.call_timeout_s)
+    f.unlink()
+    # Alone means alone: other workers busy on the same cores (or GPU) would inflate the solo time.
+    quiet.wait(policy.load_timeout_s + policy.call_timeout_s)
+    for p in quiet_first:
+        p.idle()
+    r = w.request({"op": "time", "rounds": 7, "reps": 1, "roles": ["baseline"]}, policy.call_timeout_s)
+    return out, max(1000.0, float(statistics.median(r["ns"]["baseline"])))
 
 
 def _rotating(named_sets: list, policy: Policy) -> list:
@@ -194,54 +346,72 @@ def _rotating(named_sets: list, policy: Policy) -> list:
     return (randoms or named_sets)[: max(1, policy.rotating_sets)]
 
 
-def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, confirmation: bool, worker=None) -> bool:
+def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, prep: _Prepared, ref: _Reference, others: list,
+          confirmation: bool) -> bool:
     """Load, correctness and timing in one fresh candidate worker; False (with reasons) at the first failure."""
     from tilesmith.gate import timing
 
-    torch, policy, scratch, note = ctx["torch"], ctx["policy"], ctx["scratch"], ctx["note"]
+    torch, policy, scratch, note, clock = ctx["torch"], ctx["policy"], ctx["scratch"], ctx["note"], ctx["clock"]
     stage = (lambda s: "confirmation") if confirmation else (lambda s: s)
-    base, ref64 = ctx["ref"]["base"][p.seed], ctx["ref"]["ref64"][p.seed]
-    with worker or ctx["Worker"]("candidate", scratch) as w:
-        try:
-            v.stage = stage("load")
-            note(v.stage, "loading the candidate in a fresh worker")
-            w.request({"op": "load", "graph_dir": str(ctx["gdir"]), "baseline": True, "candidate": str(ctx["cand"]),
-                       "baseline_file": str(ctx["timing_base"]) if ctx["timing_base"] else None,
+    key = "confirmation" if confirmation else "first"
+    reasons = []
+    try:
+        v.stage = stage("load")
+        note(v.stage, "loading the candidate in a fresh worker")
+        with clock(f"{key}.start"):  # interpreter, imports, CUDA context and baseline load, if not over yet
+            w = prep.wait()
+        clock.add(f"{key}.worker_imports", prep.startup_s or 0.0)  # inside the worker, overlapped with other work
+        with clock(f"{key}.load"):
+            w.request({"op": "load", "graph_dir": str(ctx["gdir"]), "candidate": str(ctx["cand"]),
                        "device": ctx["device"]}, policy.load_timeout_s)
-            v.stage = stage("correctness")
-            note(v.stage, f"comparing outputs on {len(named_sets)} input sets")
-            f, o = scratch / f"sets-{p.seed}.pt", scratch / f"cand-{p.seed}.pt"
+        v.stage = stage("correctness")
+        note(v.stage, f"comparing outputs on {len(named_sets)} input sets")
+        f, o = scratch / f"sets-{p.seed}.pt", scratch / f"cand-{p.seed}.pt"
+        with clock(f"{key}.outputs"):
             _save_sets(f, named_sets, torch)
             w.request({"op": "outputs", "role": "candidate", "sets_file": str(f), "out_file": str(o),
                        "pair": list(ctx["pair"])}, policy.call_timeout_s)
             f.unlink()
-            try:
-                got = _load_raw(o, torch)
-            except Exception as e:
-                v.reasons.append(Reason("protocol", f"the candidate worker's outputs are unreadable: {e}"[:300]))
-                return False
+        try:
+            got = _load_raw(o, torch)
+        except Exception as e:
+            v.reasons.append(Reason("protocol", f"the candidate worker's outputs are unreadable: {e}"[:300]))
+            return False
+        ref.calm()  # this worker is idle until the reference is in: the original may be timed alone
+        with clock("reference_wait"):
+            r = ref.get()
+        base, ref64 = r["base"][p.seed], r["ref64"][p.seed]
+        with clock(f"{key}.compare"):
             try:
                 reasons = _compare(p, named_sets, got, base, ref64, ctx["pair"])
             except (KeyError, IndexError, TypeError, AttributeError, ValueError, RuntimeError) as e:
                 reasons = [Reason("protocol", f"the candidate worker's outputs are malformed: {e!r}"[:300])]
-            if reasons:
-                v.reasons += reasons
-                return False
-            v.stage = stage("timing")
-            note(v.stage, f"timing ({ctx['mode']}), paired and interleaved")
-            f = scratch / f"rotating-{p.seed}.pt"
+        if reasons:
+            v.reasons += reasons
+            return False
+        v.stage = stage("timing")
+        note(v.stage, f"timing ({ctx['mode']}), paired and interleaved")
+        f = scratch / f"rotating-{p.seed}.pt"
+        with clock(f"{key}.timing_setup"):
             _save_sets(f, _rotating(named_sets, policy), torch)
             w.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline", "candidate"],
                        "mode": ctx["mode"]}, policy.call_timeout_s)
             f.unlink()
-            p.timing, reasons = timing.measure(w, policy, ctx["mode"], ctx["reps"], ctx["ref"]["per_call_ns"])
-        except ctx["WorkerFailure"] as e:
-            v.reasons.append(Reason(e.code, f"{v.stage}: {e.message}"))
-            return False
+        with clock(f"{key}.quiesce"):  # no other worker may be busy while samples are taken
+            for other in others:
+                other.idle()
+        reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / r["per_call_ns"])))
+        with clock(f"{key}.timing"):
+            p.timing, reasons = timing.measure(w, policy, ctx["mode"], reps, r["per_call_ns"])
+        if p.timing:
+            clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)) / 1e9)
+    except ctx["WorkerFailure"] as e:
+        v.reasons.append(Reason(e.code, f"{v.stage}: {e.message}"))
+        return False
     if p.timing and p.timing.speedup > policy.suspicious_speedup:
         v.warnings.append(Reason("suspicious-speedup", f"{p.timing.speedup:.1f}x is above "
                                  f"{policy.suspicious_speedup:g}x: confirmed in a fresh worker before acceptance"))
-    solo_ms = ctx["ref"]["per_call_ns"] / 1e6
+    solo_ms = r["per_call_ns"] / 1e6
     if p.timing and p.timing.baseline_ms > 5 * solo_ms and p.timing.baseline_ms > solo_ms + 1.0:
         # A warning, not a verdict: on a shared machine the solo time can be unlucky; the paired
         # design still compares like with like, and the warning shows up in reports.

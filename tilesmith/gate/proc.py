@@ -53,15 +53,17 @@ def worker_env(tmp: Path) -> dict:
 class Worker:
     """One `python -m tilesmith.gate.worker` process; requests on stdin, replies on a private pipe."""
 
-    def __init__(self, name: str, scratch: Path):
+    def __init__(self, name: str, scratch: Path, device: str = "cpu"):
         self.name = name
+        self.started = time.monotonic()
         self.dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=scratch))
         self.log_path = self.dir / "log.txt"
         r, w = os.pipe()
         self._log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", str(w)]
+        env = {**worker_env(self.dir), "TILESMITH_GATE_DEVICE": device}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=worker_env(self.dir), cwd=self.dir, pass_fds=(w,), start_new_session=True)
+                                     env=env, cwd=self.dir, pass_fds=(w,), start_new_session=True)
         os.close(w)
         self._r = r
         self._buf = b""
@@ -135,17 +137,12 @@ class Worker:
             pass
 
     def close(self) -> None:
-        """Ask the worker to exit, then make sure its whole process group is gone; remove its folder."""
+        """Kill the worker's whole process group and remove its folder. No graceful exit: a worker keeps
+        nothing worth saving (compiled kernels are cached as they are built), and an interpreter with
+        torch loaded takes a second to shut down."""
         if self._closed:
             return
         self._closed = True
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(b'{"op": "exit"}\n')
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired, ValueError):
-                pass
         self.kill()
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers the candidate may have forked

@@ -53,12 +53,13 @@ def estimate(baseline_ns: list[int], candidate_ns: list[int], confidence: float)
     return Estimate(math.exp(med), math.exp(logs[k - 1]), math.exp(logs[n - k]), n)
 
 
-def decide(est: Estimate, min_improvement: float) -> str:
+def decide(est: Estimate, min_improvement: float, futility_high: float | None = None) -> str:
     """'accept' when the lower bound clears 1 + min_improvement, 'reject' when even the upper bound does
-    not, else 'undecided'."""
+    not, else 'undecided'. futility_high, an upper bound at a lower confidence, may end a hopeless case
+    sooner: stopping to reject never adds a false accept (it only gives up some power)."""
     if est.low > 1 + min_improvement:
         return "accept"
-    if est.high < 1 + min_improvement:
+    if min(est.high, futility_high if futility_high is not None else math.inf) < 1 + min_improvement:
         return "reject"
     return "undecided"
 
@@ -97,7 +98,7 @@ def measure(worker, policy, mode: str, reps: int, per_call_ns: float) -> tuple[T
         b_all += reply["ns"]["baseline"]
         c_all += reply["ns"]["candidate"]
         est = estimate(b_all, c_all, policy.confidence)
-        state = decide(est, policy.min_improvement)
+        state = decide(est, policy.min_improvement, estimate(b_all, c_all, policy.futility_confidence).high)
         spent = time.monotonic() - start
         if state != "undecided" or spent > policy.time_budget_s or len(b_all) >= policy.max_rounds:
             break

@@ -27,6 +27,7 @@ class Policy:
     seed: int = 0  # input sets of the first pass; confirmation derives its own from it
     random_sets: int = 4  # random input sets (normal, uniform, positive, heavy-tailed), cycled
     confidence: float = 0.995  # one-sided, per look at the timing samples
+    futility_confidence: float = 0.95  # one-sided upper bound that stops sampling to reject (never to accept)
     time_budget_s: float = 20.0  # timing samples per pass stop after this much wall time
     min_rounds: int = 12  # paired rounds before the first look
     max_rounds: int = 4000  # the time budget normally ends sampling first
@@ -36,6 +37,9 @@ class Policy:
     load_timeout_s: float = 600.0  # a cold compile of the wrapper's kernels can take minutes
     call_timeout_s: float = 120.0  # one correctness step (all input sets) in a worker
     confirm: bool = True
+    # The confirmation's worker starts with the others (its startup overlapping the first pass) when the
+    # machine has at least this many cores; on fewer it starts when the first pass has passed.
+    prestart_min_cores: int = 4
     # A wrapper file timed as the baseline instead of the original: the best source so far when an
     # optimizer loops (each loop must beat the best, not merely the original). Correctness is always
     # judged against the original.
@@ -104,6 +108,9 @@ class Verdict:
     reference64: bool = False  # whether a float64 run of the FX program was available
     min_improvement: float = 0.02
     wall_s: float = 0.0
+    # Wall seconds per step of the deciding thread (see gate/__init__.py STAGE_KEYS); steps that run in
+    # the background (the reference worker) are listed too, so they can add up to more than wall_s.
+    stage_seconds: dict[str, float] = field(default_factory=dict)
     timing_baseline_sha256: str | None = None  # set when the timing baseline was not the original
 
     def to_dict(self) -> dict:

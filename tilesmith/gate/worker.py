@@ -14,6 +14,8 @@ import sys
 import time
 
 _perf_ns = time.perf_counter_ns  # bound before candidate code exists in this process
+_T0_NS = _perf_ns()
+_STARTUP_S = 0.0  # seconds from this module's first line to the first request it can take
 
 import torch  # noqa: E402
 
@@ -99,7 +101,8 @@ def op_load(st: State, req: dict) -> dict:
     from tilesmith import loading
 
     t0 = _perf_ns()
-    st.data = loading.load_graph_data(req["graph_dir"])
+    if st.data is None:  # a worker may load the (trusted) baseline first and the candidate in a later request
+        st.data = loading.load_graph_data(req["graph_dir"])
     st.device = req.get("device") or "cpu"
     consts = lambda: {k: (_to_device(v, st.device) if isinstance(v, torch.Tensor) else v)  # noqa: E731
                       for k, v in st.data.constants.items()}
@@ -230,7 +233,12 @@ def op_time(st: State, req: dict) -> dict:
     return {"ns": ns}
 
 
-OPS = {"load": op_load, "outputs": op_outputs, "ref64": op_ref64, "time_setup": op_time_setup, "time": op_time}
+def op_ready(st: State, req: dict) -> dict:
+    """Answered once the imports (and the CUDA context) are up: the parent waits on it to know the worker is idle."""
+    return {"pid": os.getpid(), "startup_s": _STARTUP_S}
+
+
+OPS = {"ready": op_ready, "load": op_load, "outputs": op_outputs, "ref64": op_ref64, "time_setup": op_time_setup, "time": op_time}
 
 
 def _die_with_parent() -> None:
@@ -245,6 +253,17 @@ def _die_with_parent() -> None:
             pass
     if os.getppid() == 1:
         os._exit(1)
+
+
+def _warm_device(device: str) -> None:
+    """Create the CUDA context now (a second or so), so a worker started early has it before its candidate
+    arrives; still a fresh context: no wrapper code has run in this process."""
+    if _CUDA and device.startswith("cuda"):
+        try:
+            torch.empty(1, device=device)
+            torch.cuda.synchronize(device)
+        except Exception:  # the first real request reports any CUDA problem with its reason
+            pass
 
 
 def main(fd: int) -> None:
@@ -263,6 +282,9 @@ def main(fd: int) -> None:
     if header_dir and hasattr(codecache, "_HEADER_DIR"):
         codecache._HEADER_DIR = header_dir
         codecache._HEADER_LOCK_DIR = os.path.join(header_dir, "locks")
+    _warm_device(os.environ.get("TILESMITH_GATE_DEVICE", ""))
+    global _STARTUP_S
+    _STARTUP_S = (_perf_ns() - _T0_NS) / 1e9
     for line in sys.stdin:
         req = json.loads(line)
         if req.get("op") == "exit":
