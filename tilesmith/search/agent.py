@@ -20,7 +20,7 @@ from typing import Callable
 from tilesmith.errors import TilesmithError
 from tilesmith.search.agent_budget import ModelCallBudget
 from tilesmith.search.agent_loop import RECURSION_LIMIT, Host, guard_best, run_loop
-from tilesmith.search.agent_provider import chat_model, check_provider
+from tilesmith.search.agent_provider import WEB_SEARCH_TOOL, chat_model, check_provider
 from tilesmith.search.tuner import Candidate
 
 __all__ = ["run_track", "check_provider", "AgentConfig", "builtin_skills_dir", "guard_best", "RECURSION_LIMIT"]
@@ -59,7 +59,7 @@ def run_track(track, settings, submit: Callable[[Candidate], dict], *, loops_don
     skills_root = Path(tempfile.mkdtemp(prefix="tilesmith-skills-"))
     try:
         names = _assemble_skills(skills_root, skill_dirs)
-        agent = _build_agent(model, state, settings, budget, cfg, skills_root, names)
+        agent = _build_agent(model, state, settings, budget, cfg, skills_root, names, provider.web_search)
         return run_loop(Host(agent, state, settings, budget, provider, submit), loops_done)
     finally:
         shutil.rmtree(skills_root, ignore_errors=True)
@@ -94,7 +94,8 @@ thread counts, vectorization) one at a time: write microbenchmarks under /scratc
 measured (or unchanged if nothing helped) and reply with what you tried, the numbers, and what you kept."""
 
 
-def _build_agent(model, state: _TrackState, settings, budget, cfg: AgentConfig, skills_root: Path, skill_names):
+def _build_agent(model, state: _TrackState, settings, budget, cfg: AgentConfig, skills_root: Path, skill_names,
+                 web_search: bool = False):
     from deepagents import FilesystemPermission, create_deep_agent
     from deepagents.backends import CompositeBackend, FilesystemBackend
     from deepagents.middleware.subagents import GENERAL_PURPOSE_SUBAGENT
@@ -127,7 +128,11 @@ def _build_agent(model, state: _TrackState, settings, budget, cfg: AgentConfig, 
         {**GENERAL_PURPOSE_SUBAGENT, "middleware": [gate], "permissions": perms},
     ]
     note = "\n## Skills available\n" + ", ".join(skill_names) if skill_names else ""
+    # The provider's web search is a dict tool (the provider runs it; no tool node here): the main agent
+    # gets it, and so does the general-purpose subagent, which inherits the main agent's tools.
+    main_tools = tools + ([dict(WEB_SEARCH_TOOL)] if web_search else [])
     return create_deep_agent(
-        model=model, tools=tools, system_prompt=system_prompt(state, settings, note), name="tilesmith-optimizer",
+        model=model, tools=main_tools, system_prompt=system_prompt(state, settings, note, web_search),
+        name="tilesmith-optimizer",
         middleware=[TodoListMiddleware(), gate], subagents=subagents, skills=["/skills/"], backend=backend,
         permissions=perms, checkpointer=InMemorySaver())
