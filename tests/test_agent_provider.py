@@ -16,7 +16,7 @@ from tests.agent_helpers import capture_two_matmuls  # noqa: E402
 from tilesmith import runs  # noqa: E402
 from tilesmith.errors import TilesmithError  # noqa: E402
 from tilesmith.optimize import OptimizeSettings, optimize  # noqa: E402
-from tilesmith.search.agent_provider import check_provider  # noqa: E402
+from tilesmith.search.agent_provider import OPENAI_URL, Provider, check_provider, web_search_on  # noqa: E402
 
 KEY = "sk-local-test"
 
@@ -59,6 +59,7 @@ def test_agent_track_through_a_local_openai_compatible_server(slow_ws, monkeypat
         monkeypatch.setenv("OPENAI_BASE_URL", stub.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
         monkeypatch.setenv("TILESMITH_MODEL_WAIT_S", "30")
+        monkeypatch.delenv("TILESMITH_WEB_SEARCH", raising=False)  # auto: off for a gateway
         result = optimize(slow_ws, OptimizeSettings(optimizer="agent", model="stub-model", max_model_calls=5,
                                                     gate_time_budget_s=1.0, skills=[str(skill.parent)]))
     finally:
@@ -79,6 +80,7 @@ def test_agent_track_through_a_local_openai_compatible_server(slow_ws, monkeypat
     assert "triton-performance" in system and "/skills/" in system
     tool_names = {f["function"]["name"] for f in posts[0]["body"]["tools"]}
     assert {"evaluate", "profile", "execute", "task", "write_todos", "edit_file"} <= tool_names
+    assert "Web search: NOT available" in system  # a gateway: off unless TILESMITH_WEB_SEARCH=on
     tdir = runs.track_dir(result.run_id, t.key)
     turn1 = json.loads((tdir / "profiles" / "turn_001.json").read_text())
     assert turn1["budget"]["by_agent"] == {"tilesmith-optimizer": 3, "kernel-tuner": 2}
@@ -126,3 +128,69 @@ def test_provider_check_names_what_is_missing_before_any_work(monkeypatch):
         assert KEY not in repr(p)
     finally:
         stub.close()
+
+
+def test_web_search_is_on_for_openai_off_for_gateways_unless_asked_and_a_bad_value_is_an_error(monkeypatch):
+    openai = Provider("gpt-5.1", "openai", OPENAI_URL, "OPENAI_API_KEY", True)
+    gateway = Provider("m", "gateway", "http://127.0.0.1:8000/v1", "OPENAI_API_KEY", True)
+    openrouter = Provider("a/b", "openrouter", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY", True)
+    registered = Provider("scripted", "registered", None, None, True)
+    assert [web_search_on(p, "auto") for p in (openai, gateway, openrouter, registered)] == [True, False, False, False]
+    assert [web_search_on(p, "on") for p in (openai, gateway, openrouter, registered)] == [True, True, True, False]
+    assert not any(web_search_on(p, "off") for p in (openai, gateway, openrouter, registered))
+    monkeypatch.setenv("TILESMITH_WEB_SEARCH", "sometimes")
+    with pytest.raises(TilesmithError) as e:
+        check_provider(OptimizeSettings(model="gpt-5.1"))
+    assert e.value.code == "usage" and "TILESMITH_WEB_SEARCH" in e.value.message
+
+
+def _item_text(item: dict) -> str:
+    c = item.get("content")
+    return c if isinstance(c, str) else "".join(b.get("text", "") for b in c or [] if isinstance(b, dict))
+
+
+def responses_route(body: dict) -> dict:
+    """The 'model' behind /v1/responses: a web search, an edit and a final answer."""
+    items = body["input"]
+    users = [i for i, it in enumerate(items) if it.get("role") == "user"]
+    step = sum(1 for it in items[users[-1]:] if it.get("type") == "function_call")
+    if step == 0:
+        return {"web_search": "TorchInductor cpp kernel vectorization", "content": "Searching, then editing.",
+                "tool_calls": [("edit_file", {"file_path": re.findall(r"(/attempts/attempt_\d\d\.py)", _item_text(items[users[-1]]))[-1],
+                                              "old_string": "async_compile.wait(globals())",
+                                              "new_string": "async_compile.wait(globals())\n_k = os.environ.get('HOME')"})]}
+    return {"content": "Submitted an edit."}
+
+
+def test_web_search_binds_the_providers_tool_through_the_responses_api(slow_ws, monkeypatch):
+    import threading
+
+    from tilesmith.optimize import _Track
+    from tilesmith.search.agent import run_track
+
+    (g,) = sorted((slow_ws / "graphs").iterdir())
+    track = _Track(runs.create_run({}, str(slow_ws), {}).name, g.name, g, None, threading.Event())
+    submitted = []  # the host gate's part is not what this test is about: record and reject
+    stub = StubOpenAI(responses_route, model="stub-model")
+    try:
+        monkeypatch.setenv("OPENAI_BASE_URL", stub.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        monkeypatch.setenv("TILESMITH_WEB_SEARCH", "on")  # a gateway: only when asked
+        status, reason = run_track(track, OptimizeSettings(optimizer="agent", model="stub-model", max_model_calls=2).resolved(),
+                                   lambda cand: submitted.append(cand) or {"accepted": False, "stage": "static", "reasons": []})
+    finally:
+        stub.close()
+    assert (status, reason) == ("exhausted", "the model-call budget is spent")
+    assert len(submitted) == 1 and "_k = os.environ.get('HOME')" in submitted[0].text
+    posts = [r for r in stub.requests if r["method"] == "POST"]
+    assert len(posts) == 2 and all(r["path"] == "/v1/responses" and r["auth"] == f"Bearer {KEY}" for r in posts)
+    assert all({"type": "web_search"} in r["body"]["tools"] for r in posts)
+    system = _item_text(posts[0]["body"]["input"][0])
+    assert posts[0]["body"]["input"][0]["role"] == "system" and "Web search: AVAILABLE" in system
+    # the second call carries the search the provider ran, the edit and its result back
+    kinds = [it.get("type") for it in posts[1]["body"]["input"]]
+    assert "web_search_call" in kinds and "function_call" in kinds and "function_call_output" in kinds
+    turn1 = json.loads((track.profiles / "turn_001.json").read_text())
+    assert turn1["final_answer"] == "Submitted an edit." and turn1["model_calls"] == 2 and turn1["attempt_changed"]
+    assert turn1["input_tokens"] > 0 and turn1["web_searches"] == 1
+    assert turn1["events"][0]["web_searches"] == ["TorchInductor cpp kernel vectorization"]

@@ -131,6 +131,17 @@ def test_agent_track_edits_runs_shell_evaluates_delegates_and_the_gate_rejects_i
     turn2 = json.loads((tdir / "profiles" / "turn_002.json").read_text())
     assert "REJECTED" in turn2["message"] and "static-environment" in turn2["message"]
     assert turn2["attempt_changed"] is False
+    # the outer LangGraph loop drove it: turn 1 was judged and rejected, turns 2 and 3 changed nothing,
+    # and the 13th permit spent the budget
+    loop = [json.loads(line) for line in (tdir / "profiles" / "loop.jsonl").read_text().splitlines()]
+    assert [(e["node"], e.get("route")) for e in loop] == [
+        ("decide", "start"), ("agent_turn", None), ("gate", None), ("decide", "rejected"),
+        ("agent_turn", None), ("decide", "unchanged"), ("agent_turn", None), ("decide", "budget_spent")]
+    assert [e["turn"] for e in loop if e["node"] == "agent_turn"] == [1, 2, 3]
+    assert loop[2]["stage"] == "static" and loop[1]["changed"] and not loop[4]["changed"]
+    # one conversation across turns: turn 2's first model call still holds turn 1's messages
+    turn2_call = next(c for c in model.calls if "REJECTED" in text([m for m in c["messages"] if m.type == "human"][-1]))
+    assert any("I added a key lookup" in text(m) for m in turn2_call["messages"] if m.type == "ai")
     assert len(model.calls) == 13  # 11 + 1 in turn 2 + 1 in turn 3 (the 13th permit); nothing blocked yet
     assert model.calls[0]["tools"] and {"evaluate", "profile", "execute", "task", "write_todos"} <= set(model.calls[0]["tools"])
     system = text(model.calls[0]["messages"][0])
@@ -200,7 +211,7 @@ def test_interrupt_or_time_limit_ends_the_agent_turn_at_its_next_model_call(slow
     import threading
 
     from tilesmith.optimize import _Track
-    from tilesmith.search.agent import search
+    from tilesmith.search.agent import run_track
 
     stop = threading.Event()
 
@@ -215,12 +226,36 @@ def test_interrupt_or_time_limit_ends_the_agent_turn_at_its_next_model_call(slow
         g = _graph(slow_ws)
         rid = runs.create_run({}, str(slow_ws), {}).name
         track = _Track(rid, g.name, g, None, stop)
-        produced = list(search(track, OptimizeSettings(optimizer="agent", model="scripted-busy").resolved()))
+        produced = []  # what the agent's loop submitted to the host gate
+        status, reason = run_track(track, OptimizeSettings(optimizer="agent", model="scripted-busy").resolved(),
+                                   lambda cand: produced.append(cand) or {"accepted": False})
     finally:
         register_model("scripted-busy", None)
     assert produced == [] and len(model.calls) == 3
+    assert status == "interrupted" and "time" in reason
     turn = json.loads((track.profiles / "turn_001.json").read_text())
     assert "time for this graph is up" in turn["final_answer"] and turn["budget"]["used"] == 3
+
+
+def test_ctrl_c_during_an_agent_turn_ends_the_run_as_interrupted_and_keeps_the_verdicts(slow_ws):
+    from tilesmith import paths
+
+    def ctrl_c(ms):
+        raise KeyboardInterrupt
+
+    script = Script([lambda ms: ai("", tc("edit_file", file_path=attempt_of(ms), old_string="async_compile.wait(globals())",
+                                          new_string="async_compile.wait(globals())\n_k = os.environ.get('HOME')")),
+                     ai("submitted"), ctrl_c])  # turn 1 is judged (rejected); Ctrl-C during turn 2
+    with pytest.raises(KeyboardInterrupt):
+        _run(slow_ws, "scripted-ctrl-c", script)
+    (rid,) = [p.name for p in paths.runs_dir().iterdir()]
+    run = runs.load_run(rid)
+    (t,) = run["graphs"].values()
+    assert run["status"] == "interrupted" and t["status"] == "interrupted" and t["candidates"] == 1
+    profiles = runs.track_dir(rid, t["key"]) / "profiles"
+    assert json.loads((profiles / "verdict_000.json").read_text())["stage"] == "static"
+    nodes = [json.loads(line)["node"] for line in (profiles / "loop.jsonl").read_text().splitlines()]
+    assert nodes == ["decide", "agent_turn", "gate", "decide"]  # turn 2 never finished
 
 
 def test_summarization_calls_are_charged_to_the_same_budget():
@@ -235,3 +270,17 @@ def test_summarization_calls_are_charged_to_the_same_budget():
     with pytest.raises(BudgetExhausted):
         cb.on_chat_model_start({}, [[]], metadata={"lc_source": "summarization"})
     assert budget.used == 2 and budget.blocked == 1 and budget.by_agent == {"summarization": 1, "tilesmith-optimizer": 1}
+
+
+def test_the_outer_loop_is_a_langgraph_graph_of_turn_gate_and_decide():
+    from tilesmith.search.agent_loop import ENDINGS, LoopState, decide, loop_graph
+
+    compiled = loop_graph()
+    g = compiled.get_graph()
+    assert set(g.nodes) == {"__start__", "decide", "agent_turn", "gate", "__end__"}
+    assert {(e.source, e.target, e.data, e.conditional) for e in g.edges} == {
+        ("__start__", "decide", None, False), ("gate", "decide", None, False),
+        ("agent_turn", "gate", "changed", True), ("agent_turn", "decide", "unchanged", True),
+        ("decide", "agent_turn", "next_turn", True), ("decide", "__end__", "end", True)}
+    assert compiled.builder.nodes["decide"].runnable.func is decide and LoopState.__annotations__["route"]
+    assert {status for status, _ in ENDINGS.values()} == {"done", "interrupted", "exhausted"}

@@ -7,6 +7,7 @@ cache.json on an exact hit); see tilesmith/runs.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -246,8 +247,6 @@ def _exact_hit(rid: str, g, settings: OptimizeSettings) -> bool:
 
 
 def _run_track(rid, ws, g, t: TrackResult, settings, deadline, stop, timing_lock, save, note) -> None:
-    from tilesmith.gate import judge
-
     if _exact_hit(rid, g, settings):
         t.status, t.reason = "cached", "an artifact made with the same settings is installed"
         save(t)
@@ -266,42 +265,62 @@ def _run_track(rid, ws, g, t: TrackResult, settings, deadline, stop, timing_lock
     t.status = "running"
     save(t)
     note("track", key=g.key, track=t)
-    optimizer = _optimizer(settings, track)
+    submit = functools.partial(_submit, rid, g, t, track, settings, timing_lock, save, note)
+    if t.loops_done >= settings.loops:
+        t.status = "done"
+    elif settings.optimizer == "agent":  # the agent's own loop (a LangGraph graph) calls submit per turn
+        t.status, t.reason = _agent().run_track(track, settings, submit, loops_done=t.loops_done)
+        if t.status == "exhausted" and t.loops_done > 0:
+            t.status = "done"
+    else:
+        _generator_loop(_optimizer(settings, track), track, settings, t, submit)
+    save(t)
+    note("track", key=g.key, track=t)
+
+
+def _generator_loop(optimizer, track: _Track, settings, t: TrackResult, submit) -> None:
+    """Drive a generator optimizer (the tuner): each candidate it yields is judged, and the verdict
+    goes back to it through send(); `loops` accepted candidates end the track."""
     verdict = None
-    n_verdicts = len(list(track.profiles.glob("verdict_*.json")))
     while t.loops_done < settings.loops:
         if track.expired():
             t.status = "interrupted"
-            break
+            return
         try:
             cand = optimizer.send(verdict) if verdict is not None else next(optimizer)
         except StopIteration:
             t.status = "exhausted" if t.loops_done == 0 else "done"
             t.reason = "the optimizer has nothing more to try"
-            break
-        path = cand.path if getattr(cand, "path", None) else runs.push_attempt(rid, g.key, cand.text)
-        t.candidates += 1
-        note("candidate", key=g.key, label=cand.label, track=t)
-        with timing_lock:
-            v = judge(track.graph_dir, path, _policy(settings, 1000 + n_verdicts, best_file if best_file.exists() else None))
-        vd = v.to_dict()
-        vd["label"], vd["written"] = cand.label, runs.now_iso()
-        write_json(track.profiles / f"verdict_{n_verdicts:03d}.json", vd)
-        n_verdicts += 1
-        verdict = vd
-        if v.accepted:
-            t.loops_done += 1
-            track.best_text = cand.text
-            _credit(t, vd, loop=t.loops_done)
-            runs.record_best(rid, g.key, cand.text, vd, str(track.graph_dir), g.kind, asdict(settings))
-            note("accepted", key=g.key, track=t)
-        else:
-            t.rejected_by_stage[v.stage] = t.rejected_by_stage.get(v.stage, 0) + 1
-        save(t)
+            return
+        verdict = submit(cand)
+    t.status = "done"
+
+
+def _submit(rid, g, t: TrackResult, track: _Track, settings, timing_lock, save, note, cand) -> dict:
+    """Judge one candidate with the gate (against the best so far), record the verdict under profiles/,
+    and on acceptance make it the best so far and credit the loop. Returns the verdict dict."""
+    from tilesmith.gate import judge
+
+    best_file = track.dir / "best.py"
+    n_verdicts = len(list(track.profiles.glob("verdict_*.json")))
+    path = cand.path if getattr(cand, "path", None) else runs.push_attempt(rid, g.key, cand.text)
+    t.candidates += 1
+    note("candidate", key=g.key, label=cand.label, track=t)
+    with timing_lock:
+        v = judge(track.graph_dir, path, _policy(settings, 1000 + n_verdicts, best_file if best_file.exists() else None))
+    vd = v.to_dict()
+    vd["label"], vd["written"] = cand.label, runs.now_iso()
+    write_json(track.profiles / f"verdict_{n_verdicts:03d}.json", vd)
+    if v.accepted:
+        t.loops_done += 1
+        track.best_text = cand.text
+        _credit(t, vd, loop=t.loops_done)
+        runs.record_best(rid, g.key, cand.text, vd, str(track.graph_dir), g.kind, asdict(settings))
+        note("accepted", key=g.key, track=t)
     else:
-        t.status = "done"
+        t.rejected_by_stage[v.stage] = t.rejected_by_stage.get(v.stage, 0) + 1
     save(t)
-    note("track", key=g.key, track=t)
+    return vd
 
 
 def _credit(t: TrackResult, vd: dict, loop: int) -> None:
@@ -322,14 +341,17 @@ def _credit(t: TrackResult, vd: dict, loop: int) -> None:
         t.best_ms = t.baseline_ms / t.speedup
 
 
+def _agent():
+    try:
+        from tilesmith.search import agent
+    except ImportError as e:
+        raise TilesmithError(f"the agent optimizer is not available: {e}", code="no-agent",
+                             hint="use --optimizer tuner (no model needed)") from None
+    return agent
+
+
 def _optimizer(settings: OptimizeSettings, track: _Track):
-    if settings.optimizer == "agent":
-        try:
-            from tilesmith.search.agent import search as agent_search
-        except ImportError as e:
-            raise TilesmithError(f"the agent optimizer is not available: {e}", code="no-agent",
-                                 hint="use --optimizer tuner (no model needed)") from None
-        return agent_search(track, settings)
+    """The generator optimizer for a track (the tuner; the agent runs its own loop, see _agent)."""
     from tilesmith.search.tuner import search
 
     return search(track)

@@ -4,6 +4,9 @@ GET  /v1/models            the model list; the first `unlisted_gets` answers lea
                            (a gateway still loading it)
 POST /v1/chat/completions  route(request_json) -> {"content": str, "tool_calls": [(name, args), ...]};
                            `fail_first=k` answers the first k requests with HTTP 500
+POST /v1/responses         the Responses API (non-streaming), same route; its turn may also hold
+                           "web_search": query, answered as a completed web_search_call output item
+                           ahead of the message and the function calls
 Every request is recorded (method, path, Authorization header, body).
 """
 
@@ -55,8 +58,11 @@ class StubOpenAI:
                 n = int(self.headers.get("Content-Length", 0))
                 body = json.loads(self.rfile.read(n) or b"{}")
                 stub._record(self, body)
-                if not self.path.endswith("/chat/completions"):
+                responses = self.path.endswith("/responses")
+                if not (responses or self.path.endswith("/chat/completions")):
                     return self._send(404, {"error": {"message": f"{self.path} not supported"}})
+                if responses and body.get("stream"):
+                    return self._send(400, {"error": {"message": "the stub answers /responses without streaming"}})
                 with stub._lock:
                     stub._n += 1
                     fail = stub._n <= stub.fail_first
@@ -65,6 +71,8 @@ class StubOpenAI:
                 turn = stub.route(body)
                 with stub._lock:
                     stub.chat_answers += 1
+                if responses:
+                    return self._send(200, stub._response(body, turn))
                 if body.get("stream"):
                     return self._stream(body, turn)
                 self._send(200, stub._completion(body, turn))
@@ -116,6 +124,26 @@ class StubOpenAI:
                 "model": self.model, "choices": [{"index": 0, "message": msg,
                                                   "finish_reason": "tool_calls" if tcs else "stop"}],
                 "usage": self._usage(body)}
+
+    def _response(self, body, turn):
+        """A Responses API object: [web_search_call], [message], function_call..."""
+        rid, out = f"resp_{time.time_ns()}", []
+        if turn.get("web_search"):
+            out.append({"type": "web_search_call", "id": f"ws_{rid[5:]}", "status": "completed",
+                        "action": {"type": "search", "query": turn["web_search"]}})
+        if turn.get("content") or not turn.get("tool_calls"):
+            out.append({"type": "message", "id": f"msg_{rid[5:]}", "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": turn.get("content") or "ok", "annotations": []}]})
+        for i, (name, args) in enumerate(turn.get("tool_calls", [])):
+            out.append({"type": "function_call", "id": f"fc_{rid[5:]}_{i}", "call_id": f"call_{rid[5:]}_{i}",
+                        "name": name, "arguments": json.dumps(args), "status": "completed"})
+        p = len(json.dumps(body.get("input", []))) // 4
+        return {"id": rid, "object": "response", "created_at": int(time.time()), "model": self.model,
+                "status": "completed", "error": None, "incomplete_details": None, "instructions": None,
+                "metadata": {}, "output": out, "parallel_tool_calls": True, "temperature": 1.0, "top_p": 1.0,
+                "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools", []),
+                "usage": {"input_tokens": p, "output_tokens": 7, "total_tokens": p + 7,
+                          "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
 
     def close(self):
         self.server.shutdown()

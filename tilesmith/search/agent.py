@@ -1,35 +1,29 @@
 """The Deep Agent optimizer: per graph track, a LangChain Deep Agent edits an attempt of the wrapper,
 runs a shell, profiles, calls the gate through `evaluate`, delegates to subagents, and ends each turn
-with a final answer; the host gate (the optimize driver) then judges the attempt.
+with a final answer; the host gate then judges the attempt.
 
-`search(track, settings)` is a generator like the tuner's: it yields one Candidate per agent turn
-(its `path` is the attempt already in the ring) and receives the host verdict (dict) through send();
-a rejected verdict is the next turn's message. The conversation persists across turns (checkpointer,
-one thread per track). Returning means the optimizer has nothing more (budget spent, time up, or the
-agent stopped proposing changes). Provider failures that survive the retries raise TilesmithError,
-which the driver reports as the track's reason; confirmed wins are already on disk and stay.
+`run_track(track, settings, submit)` sets the track up (provider, skills, the agent) and runs its turns
+as a LangGraph loop (agent_loop.py): `submit` is the optimize driver's judging function, the gate node
+calls it, and a rejected verdict is the next turn's message. It returns the driver's (status, reason).
+Provider failures that survive the retries raise TilesmithError, which the driver reports as the
+track's reason; confirmed wins are already on disk and stay.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generator
+from typing import Callable
 
-from tilesmith import runs
 from tilesmith.errors import TilesmithError
-from tilesmith.search.agent_budget import BLOCKED_PREFIX, BudgetExhausted, ModelCallBudget, SummaryBudgetCallback
-from tilesmith.search.agent_provider import Provider, chat_model, check_provider
+from tilesmith.search.agent_budget import ModelCallBudget
+from tilesmith.search.agent_loop import RECURSION_LIMIT, Host, guard_best, run_loop
+from tilesmith.search.agent_provider import WEB_SEARCH_TOOL, chat_model, check_provider
 from tilesmith.search.tuner import Candidate
-from tilesmith.workspace import write_json
 
-__all__ = ["search", "check_provider", "AgentConfig", "builtin_skills_dir"]
-
-RECURSION_LIMIT = 10**9  # no hidden step cap: the model-call budget is the bound
-MAX_IDLE_TURNS = 3  # turns in a row that end without changing the attempt before we give up
+__all__ = ["run_track", "check_provider", "AgentConfig", "builtin_skills_dir", "guard_best", "RECURSION_LIMIT"]
 
 
 @dataclass
@@ -50,8 +44,9 @@ def builtin_skills_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "skills"
 
 
-def search(track, settings, config: AgentConfig | None = None) -> Generator[Candidate, dict, None]:
-    """Yield one candidate per agent turn; receive the host gate's verdict (dict) for each."""
+def run_track(track, settings, submit: Callable[[Candidate], dict], *, loops_done: int = 0,
+              config: AgentConfig | None = None) -> tuple[str, str]:
+    """Run the agent on one track until its loops are accepted or it stops; return (status, reason)."""
     cfg = config or AgentConfig()
     provider = check_provider(settings)  # a missing key or unknown model fails before any work
     skill_dirs = _skill_dirs(list(getattr(settings, "skills", None) or []) + cfg.extra_skills)
@@ -64,122 +59,10 @@ def search(track, settings, config: AgentConfig | None = None) -> Generator[Cand
     skills_root = Path(tempfile.mkdtemp(prefix="tilesmith-skills-"))
     try:
         names = _assemble_skills(skills_root, skill_dirs)
-        agent = _build_agent(model, state, settings, budget, cfg, skills_root, names)
-        yield from _turns(agent, state, settings, budget, provider)
+        agent = _build_agent(model, state, settings, budget, cfg, skills_root, names, provider.web_search)
+        return run_loop(Host(agent, state, settings, budget, provider, submit), loops_done)
     finally:
         shutil.rmtree(skills_root, ignore_errors=True)
-
-
-def _turns(agent, state: _TrackState, settings, budget: ModelCallBudget, provider: Provider):
-    from langchain_core.messages import HumanMessage
-
-    track = state.track
-    last_text = track.best_text  # the source most recently judged by the host (or the starting point)
-    feedback, accepted, idle = None, 0, 0
-    turn = len(list(track.profiles.glob("turn_*.json")))
-    while True:
-        if track.expired() or budget.exhausted:
-            return
-        turn += 1
-        state.attempt = runs.push_attempt(track.run_id, track.key, last_text)
-        msg = _turn_message(state, settings, budget, accepted, feedback)
-        trace_cb = _trace()
-        used_before, error, final = budget.used, None, ""
-        try:
-            out = agent.invoke({"messages": [HumanMessage(msg)]},
-                               config={"configurable": {"thread_id": f"track-{track.key}"},
-                                       "callbacks": [trace_cb, SummaryBudgetCallback(budget)],
-                                       "recursion_limit": RECURSION_LIMIT})
-            final = _text(out["messages"][-1].content) if out.get("messages") else ""
-        except BudgetExhausted as e:
-            final = f"{BLOCKED_PREFIX} {e}"
-        except Exception as e:  # the provider (after its retries) or the agent stack failed
-            error = e
-        if not state.attempt.exists():  # the agent deleted its attempt: judge nothing, restore next turn
-            state.attempt.write_text(last_text)
-        text = state.attempt.read_text()
-        _save_trace(track, turn, accepted + 1, state, budget, used_before, trace_cb, msg, final, error, text != last_text)
-        if error is not None:
-            raise TilesmithError(_error_reason(error, provider), code="provider-error",
-                                 hint="check the provider and the model; confirmed wins of this run are kept") from None
-        if text == last_text:
-            idle += 1
-            if budget.exhausted or idle >= MAX_IDLE_TURNS:
-                return
-            feedback = ("Your turn ended but the current attempt is unchanged, so there was nothing to judge. "
-                        "Edit the attempt file, check it with `evaluate`, then answer.")
-            continue
-        idle = 0
-        guard_best(track)
-        verdict = yield Candidate(text, f"agent turn {turn}: {final.strip()[:100]}", state.attempt)
-        last_text = text
-        if verdict and verdict.get("accepted"):
-            accepted += 1
-        feedback = _verdict_message(verdict or {})
-        if budget.exhausted:
-            return
-
-
-def guard_best(track) -> bool:
-    """The shell is not a sandbox: it could rewrite /best.py, the gate's timing baseline, to make the
-    next candidate look fast. Put back the source the host confirmed; True if it had changed."""
-    best = track.dir / "best.py"
-    if best.exists() and best.read_text() != track.best_text:
-        from tilesmith.workspace import atomic_write_text
-
-        atomic_write_text(best, track.best_text)
-        track.record({"event": "best.py restored: changed outside the host"})
-        return True
-    return False
-
-
-def _turn_message(state: _TrackState, settings, budget: ModelCallBudget, accepted: int, feedback: str | None) -> str:
-    name = f"/attempts/{state.attempt.name}"
-    best = "/best.py (the best confirmed source)" if (state.track.dir / "best.py").exists() else "the original wrapper"
-    left = "unlimited" if budget.limit is None else f"{budget.remaining} of {budget.limit}"
-    head = (f"Loop {accepted + 1} of {settings.loops}. Current attempt: {name} (a copy of the source the host judged "
-            f"last). To be accepted it must beat {best} by at least {settings.min_improvement:.1%}. "
-            f"Model calls left: {left}.")
-    return f"{feedback}\n\n{head}" if feedback else head + " Start by reading the skills that apply and profiling."
-
-
-def _verdict_message(vd: dict) -> str:
-    from tilesmith.search.agent_tools import _compact_verdict
-
-    tm = (vd.get("confirmation") or vd.get("first") or {}).get("timing") or {}
-    if vd.get("accepted"):
-        return (f"The host gate ACCEPTED your candidate: speedup {tm.get('speedup', 0):.3f}x "
-                f"(lower bound {tm.get('speedup_low', 0):.3f}x) over the previous best. It is now /best.py. "
-                f"Find a further, different improvement on top of it.")
-    reasons = "; ".join(f"{r.get('code')}: {r.get('message')}" for r in vd.get("reasons", []))
-    return (f"The host gate REJECTED your candidate at stage '{vd.get('stage')}': {reasons}\n"
-            f"Verdict: {json.dumps(_compact_verdict(vd))[:6000]}\nFix it or try another idea.")
-
-
-def _text(content) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
-
-
-def _error_reason(e: Exception, p: Provider) -> str:
-    where = f"{p.kind} model '{p.model}'" + (f" at {p.base_url}" if p.base_url else "")
-    return f"the {where} failed after retries: {type(e).__name__}: {str(e)[:300]}"
-
-
-def _trace():
-    from tilesmith.search.agent_trace import TurnTrace
-
-    return TurnTrace()
-
-
-def _save_trace(track, turn, loop, state, budget, used_before, trace_cb, msg, final, error, changed) -> None:
-    write_json(track.profiles / f"turn_{turn:03d}.json", {
-        "turn": turn, "loop": loop, "attempt": f"attempts/{state.attempt.name}", "attempt_changed": changed,
-        "message": msg, "final_answer": final, "error": None if error is None else f"{type(error).__name__}: {error}"[:2000],
-        "budget": {"limit": budget.limit, "used": budget.used, "this_turn": budget.used - used_before,
-                   "blocked": budget.blocked, "by_agent": dict(budget.by_agent)},
-        **trace_cb.summary(), "events": trace_cb.events})
 
 
 # -- skills ----------------------------------------------------------------------------------------
@@ -211,7 +94,8 @@ thread counts, vectorization) one at a time: write microbenchmarks under /scratc
 measured (or unchanged if nothing helped) and reply with what you tried, the numbers, and what you kept."""
 
 
-def _build_agent(model, state: _TrackState, settings, budget, cfg: AgentConfig, skills_root: Path, skill_names):
+def _build_agent(model, state: _TrackState, settings, budget, cfg: AgentConfig, skills_root: Path, skill_names,
+                 web_search: bool = False):
     from deepagents import FilesystemPermission, create_deep_agent
     from deepagents.backends import CompositeBackend, FilesystemBackend
     from deepagents.middleware.subagents import GENERAL_PURPOSE_SUBAGENT
@@ -244,7 +128,11 @@ def _build_agent(model, state: _TrackState, settings, budget, cfg: AgentConfig, 
         {**GENERAL_PURPOSE_SUBAGENT, "middleware": [gate], "permissions": perms},
     ]
     note = "\n## Skills available\n" + ", ".join(skill_names) if skill_names else ""
+    # The provider's web search is a dict tool (the provider runs it; no tool node here): the main agent
+    # gets it, and so does the general-purpose subagent, which inherits the main agent's tools.
+    main_tools = tools + ([dict(WEB_SEARCH_TOOL)] if web_search else [])
     return create_deep_agent(
-        model=model, tools=tools, system_prompt=system_prompt(state, settings, note), name="tilesmith-optimizer",
+        model=model, tools=main_tools, system_prompt=system_prompt(state, settings, note, web_search),
+        name="tilesmith-optimizer",
         middleware=[TodoListMiddleware(), gate], subagents=subagents, skills=["/skills/"], backend=backend,
         permissions=perms, checkpointer=InMemorySaver())

@@ -7,6 +7,12 @@ TILESMITH_MODEL / --model names the model. Providers, first match wins:
   on <base>/models, since a gateway may still be loading it;
 - "openrouter:<vendor/model>", or a "vendor/model" id with OPENROUTER_API_KEY set: OpenRouter;
 - otherwise OpenAI ("openai:" prefix optional) with OPENAI_API_KEY.
+
+Web search: TILESMITH_WEB_SEARCH=auto|on|off (default auto) binds OpenAI's built-in `web_search` tool
+(the provider runs the searches) to the main agent; it needs the Responses API (/responses), so the
+model then talks to that instead of chat completions. auto: on for api.openai.com, off for gateways
+and OpenRouter (not every one serves /responses or the tool); on: also for them. Never for a model
+registered in-process.
 """
 
 from __future__ import annotations
@@ -18,11 +24,14 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import urlparse
 
 from tilesmith.errors import TilesmithError
 
 OPENAI_URL = "https://api.openai.com/v1"
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
+
+WEB_SEARCH_TOOL = {"type": "web_search"}  # OpenAI's built-in tool (Responses API)
 
 _REGISTERED: dict[str, Callable[[], object]] = {}
 
@@ -42,6 +51,7 @@ class Provider:
     base_url: str | None
     key_env: str | None  # the variable the key comes from (never the key itself)
     listed: bool  # seen on /models
+    web_search: bool = False  # bind the provider's web_search tool (Responses API)
 
 
 def check_provider(settings=None, *, wait_s: float | None = None) -> Provider:
@@ -50,6 +60,7 @@ def check_provider(settings=None, *, wait_s: float | None = None) -> Provider:
     if not name:
         raise TilesmithError("the agent needs a model and none is configured", code="no-model",
                              hint="pass --model NAME or set TILESMITH_MODEL (or use --optimizer tuner)")
+    mode = _web_search_mode()
     if name in _REGISTERED:
         return Provider(name, "registered", None, None, True)
     base = os.environ.get("OPENAI_BASE_URL", "").strip().rstrip("/")
@@ -62,6 +73,7 @@ def check_provider(settings=None, *, wait_s: float | None = None) -> Provider:
     else:
         p = Provider(name.removeprefix("openai:"), "openai", OPENAI_URL, "OPENAI_API_KEY", False)
         _need_key(p)
+    p.web_search = web_search_on(p, mode)
     # The driver checks before a run starts and each track checks again: a model listed in the last
     # minute (same endpoint, same key) is not asked for again.
     memo = (p.model, p.base_url, os.environ.get(p.key_env or ""))
@@ -76,6 +88,21 @@ def check_provider(settings=None, *, wait_s: float | None = None) -> Provider:
 
 
 _LISTED: dict[tuple, float] = {}  # (model, base url, key) -> when it was last seen on /models
+
+
+def web_search_on(p: Provider, mode: str) -> bool:
+    """Whether the agent gets the provider's web_search tool (see the module's docstring)."""
+    if p.kind == "registered" or mode == "off":
+        return False
+    return mode == "on" or urlparse(p.base_url or "").hostname == "api.openai.com"
+
+
+def _web_search_mode() -> str:
+    mode = os.environ.get("TILESMITH_WEB_SEARCH", "").strip().lower() or "auto"
+    if mode not in ("auto", "on", "off"):
+        raise TilesmithError(f"TILESMITH_WEB_SEARCH={mode!r} is not one of auto, on, off", code="usage",
+                             hint="auto (default): web search on api.openai.com only; on: also through a gateway")
+    return mode
 
 
 def _need_key(p: Provider) -> None:
@@ -121,12 +148,13 @@ def _wait_listed(p: Provider, wait_s: float) -> bool:
 
 def chat_model(p: Provider, *, max_retries: int = 4, timeout_s: float = 600.0):
     """The chat model for a checked provider. Retries (with the SDK's exponential backoff) happen
-    inside one invocation, so the budget never counts them."""
+    inside one invocation, so the budget never counts them. With web search, the Responses API (the
+    only one that runs OpenAI's built-in tools)."""
     if p.kind == "registered":
         return _REGISTERED[p.model]()
     from langchain_openai import ChatOpenAI
 
     headers = {"X-Title": "tilesmith"} if p.kind == "openrouter" else None
     return ChatOpenAI(model=p.model, base_url=p.base_url, api_key=os.environ.get(p.key_env or "") or "unused",
-                      use_responses_api=False, stream_usage=True, max_retries=max_retries, timeout=timeout_s,
+                      use_responses_api=p.web_search, stream_usage=True, max_retries=max_retries, timeout=timeout_s,
                       default_headers=headers)

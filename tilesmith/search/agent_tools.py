@@ -57,7 +57,7 @@ def make_tools(state, settings) -> list:
         pol = Policy(min_improvement=settings.min_improvement, seed=50_000 + state.evaluations, confirm=False)
         if settings.gate_time_budget_s:
             pol.time_budget_s = settings.gate_time_budget_s
-        from tilesmith.search.agent import guard_best
+        from tilesmith.search.agent_loop import guard_best
 
         guard_best(state.track)
         best = state.track.dir / "best.py"
@@ -91,6 +91,12 @@ def make_tools(state, settings) -> list:
         t.handle_tool_error = True
     return [evaluate, profile]
 
+
+WEB_SEARCH = {
+    True: "Web search: AVAILABLE (the provider's web_search tool, for you and the general-purpose subagent): "
+          "look up documentation, papers and known kernels when it helps; measurements here decide.",
+    False: "Web search: NOT available in this session; rely on the skills, the code and your measurements.",
+}
 
 _CEILINGS: dict = {}
 
@@ -137,7 +143,7 @@ def device_ceilings(device: str) -> dict:
     return out
 
 
-def system_prompt(state, settings, skills_note: str) -> str:
+def system_prompt(state, settings, skills_note: str, web_search: bool = False) -> str:
     """Who the agent is, what it may do, and the facts of this graph."""
     from tilesmith.source import split_header
     from tilesmith.workspace import load_graph_json
@@ -167,6 +173,7 @@ defining `call(args)` plus its kernels). Make it faster while computing the same
   meaningful edit. profile: per-kernel times of the baseline and of the current attempt.
 - write_todos to plan; task to delegate (the kernel-tuner subagent tunes one kernel's launch
   parameters and reports the best variant it measured).
+- {WEB_SEARCH[web_search]}
 
 ## Contract the gate enforces (see /skills/inductor-wrapper-abi)
 Keep `call(args)`, the inputs it consumes, the outputs' shapes, dtypes, strides, devices and aliasing;

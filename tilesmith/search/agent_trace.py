@@ -1,5 +1,6 @@
 """One JSON trace per agent turn (profiles/turn_NNN.json): every model call (agent or subagent,
-tokens, tool calls asked for, timings) and every tool call (input, output head, status, timings)."""
+tokens, tool calls asked for, web searches the provider ran, timings) and every tool call (input,
+output head, status, timings)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,11 @@ class TurnTrace(BaseCallbackHandler):
         rec.update({"t_end_s": self._t(), "text": str(getattr(msg, "text", "") or gen.text)[:4000],
                     "tool_calls": [{"name": c["name"], "args": _short(c["args"])} for c in getattr(msg, "tool_calls", None) or []],
                     "usage": dict(getattr(msg, "usage_metadata", None) or {})})
+        content = getattr(msg, "content", None)
+        searches = [(b.get("action") or {}).get("query") for b in content if isinstance(b, dict)
+                    and b.get("type") == "web_search_call"] if isinstance(content, list) else []
+        if searches:  # the provider's web search ran inside this call (Responses API output items)
+            rec["web_searches"] = searches
         with self._lock:
             self.events.append(rec)
 
@@ -78,6 +84,7 @@ class TurnTrace(BaseCallbackHandler):
         for e in tools:
             by_tool[str(e.get("tool"))] = by_tool.get(str(e.get("tool")), 0) + 1
         return {"model_calls": len(models), "tool_calls": len(tools), "tools": by_tool,
+                "web_searches": sum(len(e.get("web_searches", ())) for e in models),
                 "input_tokens": sum(u.get("input_tokens", 0) for u in usage),
                 "output_tokens": sum(u.get("output_tokens", 0) for u in usage),
                 "wall_s": self._t()}
