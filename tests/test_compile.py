@@ -38,7 +38,9 @@ def test_compile_optimizes_on_the_first_call_swaps_the_win_in_and_a_second_compi
 def test_compile_of_a_training_step_optimizes_forward_and_backward_and_gradients_stay_right():
     r = drive("training")
     assert r["max_error"] < 1e-5
-    assert len(r["runs"]) == 2  # the forward on the first call, the backward at the start of the second
+    # A fresh compile makes the backward at the first backward pass, so it is optimized at the start of
+    # the second call (two runs); on an AOTAutograd cache hit both graphs load at the first call (one run).
+    assert len(r["runs"]) in (1, 2)
     kinds = sorted(g["kind"] for rid in r["runs"] for g in runs.load_run(rid)["graphs"].values())
     assert kinds == ["backward", "forward"]
 
