@@ -76,7 +76,7 @@ def run(a) -> int:
     print(f"gate: {track['status']}, {track['candidates']} candidate(s), speedup {track['speedup'] or 0:.3f}x "
           f"(>= {track['speedup_low'] or 0:.3f}x); runtime substituted {subs}; correct {correct}; faster {faster}")
     (out / "benchmark.json").write_text(json.dumps({"rows": rows, "gate": track, "runtime": d["runtime"], "correct": correct,
-                                                    "faster": faster, "pipeline_s": pipeline_s, "threshold": thr,
+                                                    "faster": faster, "pipeline_s": pipeline_s, "phases_s": opt["phases_s"], "threshold": thr,
                                                     "date": time.strftime("%Y-%m-%d"), "torch": d["torch"]}, indent=2))
     print(f"wrote {out / 'benchmark.json'}")
     return 0 if (correct and faster and subs) else 1

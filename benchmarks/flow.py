@@ -27,9 +27,22 @@ def capture_optimize_install(script: str, script_args: list[str], ws: str, optim
                              extra: list[str] | None = None) -> tuple[dict, float]:
     """capture -> optimize -> install through the CLI; returns (optimize result, seconds spent)."""
     t0 = time.monotonic()
+    phases = {}
+
+    def phase(name: str, start: float) -> None:  # printed as it happens: a run cut off still shows where it was
+        phases[name] = round(time.monotonic() - start, 1)
+        print(f"[flow] {name}: {phases[name]} s", file=sys.stderr, flush=True)
+
+    t = time.monotonic()
     cli("capture", script, "-w", ws, "--force", "--", *script_args)
+    phase("capture", t)
+    t = time.monotonic()
     run = json_out(cli("optimize", "-w", ws, "--optimizer", optimizer, "--json", *(extra or [])))
+    phase("optimize", t)
+    t = time.monotonic()
     cli("install", run["run_id"], check=False)  # nothing accepted is not an error here
+    phase("install", t)
+    run["phases_s"] = phases
     return run, time.monotonic() - t0
 
 
