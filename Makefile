@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo gpu-deps gpu-test gpu-test-run bench-gpu lint clean
+.PHONY: install test demo gpu-wheels gpu-deps gpu-test gpu-test-run bench-gpu lint clean
 
 $(BIN)/tilesmith: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,13 @@ demo: install
 # the rest, e.g. tomli-w, are carried in .whl/ and unpacked to /tmp/site first). Results go to $(OUT).
 OUT ?= gpu-out
 GPU_ENV := PYTHONPATH=$(CURDIR):/tmp/site PYTHONUNBUFFERED=1
+# Here, before a GPU call: the wheels it needs, for Python 3.12 on x86_64 (18 MB; carry `.whl`).
+gpu-wheels:
+	grep -qx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_34_x86_64 -d .whl -r benchmarks/gpu-wheels.txt
+
 gpu-deps:
 	test -d .whl && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || true
 
