@@ -167,24 +167,29 @@ def _stage_sum(stage_seconds: dict, suffixes: tuple) -> float:
 def gate_trials(graph: Path, candidate: Path, n: int, policy_kw: dict, seed0: int, budget_s: float) -> list[dict]:
     """Full decisions, at least one, then more while the budget lasts."""
     from tilesmith.gate import Policy, judge
+    from tilesmith.gate.proc import default_spares, keep_spares
 
     rows, start = [], time.monotonic()
-    for i in range(n):
-        if i and time.monotonic() - start > budget_s:
-            break
-        v = judge(graph, candidate, Policy(seed=seed0 + i, **policy_kw))
-        t = v.first.timing if v.first else None
-        st = v.stage_seconds
-        rows.append({"accepted": v.accepted, "stage": v.stage, "codes": v.codes, "wall_s": v.wall_s,
-                     "speedup": t.speedup if t else None, "low": t.speedup_low if t else None,
-                     "samples": t.samples if t else None,
-                     "timing_s": _stage_sum(st, ("timing_setup", "quiesce", "timing")),
-                     "timed_s": _stage_sum(st, ("timed",)), "stage_seconds": st})
-        r = rows[-1]
-        print(f"  decision {i + 1}: {'ACCEPT' if v.accepted else 'reject'} at {v.stage} "
-              f"speedup {r['speedup'] or float('nan'):.3f} low {r['low'] or float('nan'):.3f} "
-              f"samples {r['samples']} wall {v.wall_s:.1f} s (timing {r['timing_s']:.2f} s)", file=sys.stderr)
+    with keep_spares(default_spares()):  # back to back, as the optimize driver runs them
+        for i in range(n):
+            if i and time.monotonic() - start > budget_s:
+                break
+            rows.append(_decision(judge(graph, candidate, Policy(seed=seed0 + i, **policy_kw)), i))
     return rows
+
+
+def _decision(v, i: int) -> dict:
+    t = v.first.timing if v.first else None
+    st = v.stage_seconds
+    r = {"accepted": v.accepted, "stage": v.stage, "codes": v.codes, "wall_s": v.wall_s,
+         "speedup": t.speedup if t else None, "low": t.speedup_low if t else None,
+         "samples": t.samples if t else None,
+         "timing_s": _stage_sum(st, ("timing_setup", "quiesce", "timing")),
+         "timed_s": _stage_sum(st, ("timed",)), "stage_seconds": st}
+    print(f"  decision {i + 1}: {'ACCEPT' if v.accepted else 'reject'} at {v.stage} "
+          f"speedup {r['speedup'] or float('nan'):.3f} low {r['low'] or float('nan'):.3f} "
+          f"samples {r['samples']} wall {v.wall_s:.1f} s (timing {r['timing_s']:.2f} s)", file=sys.stderr)
+    return r
 
 
 def rule_trials(graph: Path, candidate: Path, baseline, n: int, policy_kw: dict, seed: int, budget_s: float) -> dict:
