@@ -15,12 +15,16 @@ def _wait_ready(spares: proc.Spares) -> list:
 
 def test_a_started_spare_is_handed_out_once_and_the_pool_refills(tmp_path):
     with proc.keep_spares(1):
-        first = proc.start_worker("reference", tmp_path, "cpu")  # none started yet: a new worker, and one spare
+        first = proc.start_worker("reference", tmp_path, "cpu")  # none started yet: a new worker
+        assert _wait_ready(proc._SPARES) == []
+        proc.refill_spares("cpu")  # a decision is over: the next one's worker starts
         (spare,) = _wait_ready(proc._SPARES)
         assert spare.error is None and spare.worker is not first
         second = proc.start_worker("candidate", tmp_path, "cpu")
         assert second is spare.worker and second.name == "candidate"
         assert second.request({"op": "ready"}, 60)["ok"]  # started, nothing loaded: it answers at once
+        assert _wait_ready(proc._SPARES) == []  # taken, not yet replaced
+        proc.refill_spares("cpu")
         (refill,) = _wait_ready(proc._SPARES)
         assert refill is not spare
         workers = [first, second, refill.worker]
@@ -32,12 +36,14 @@ def test_a_started_spare_is_handed_out_once_and_the_pool_refills(tmp_path):
 
 def test_a_spare_started_in_another_environment_is_never_handed_out(tmp_path, monkeypatch):
     with proc.keep_spares(1):
-        proc.start_worker("reference", tmp_path, "cpu").close()
+        proc.refill_spares("cpu")
         (spare,) = _wait_ready(proc._SPARES)
         monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what the worker would be started with changed
         w = proc.start_worker("candidate", tmp_path, "cpu")
         try:
-            assert w is not spare.worker and spare.worker.proc.poll() is not None
+            assert w is not spare.worker
+            proc.refill_spares("cpu")  # the stale spare is closed, never handed out
+            assert spare.worker.proc.poll() is not None
             assert w.request({"op": "ready"}, 120)["ok"]
         finally:
             w.close()

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from tilesmith.errors import TilesmithError
-from tilesmith.gate.proc import calm_spares
+from tilesmith.gate.proc import calm_spares, refill_spares
 from tilesmith.gate.verdict import MODES, STAGES, Pass, Policy, Reason, SetCorrectness, Timing, Verdict
 from tilesmith.workspace import WRAPPER_FILE, load_graph_json
 
@@ -133,6 +133,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
         ref.close()
         for w in preps:
             w.close()
+        refill_spares(device)
     t1, t2 = v.first.timing, v.confirmation.timing
     if v.accepted and max(t1.speedup, t2.speedup) > policy.suspicious_speedup \
             and not 0.5 <= t2.speedup / t1.speedup <= 2.0:
@@ -265,7 +266,7 @@ class _Reference:
         t0 = time.monotonic()
         try:
             per_seed, solo = _reference(self.worker, gdir, missing, sets, pair, scratch, device, policy,
-                                        self.quiet, quiet_first)
+                                        self.quiet, quiet_first, clock)
             for s, r in per_seed.items():
                 while len(_REF_CACHE) >= _REF_CACHE_SEEDS:
                     _REF_CACHE.pop(next(iter(_REF_CACHE)))
@@ -308,7 +309,7 @@ class _Reference:
 
 
 def _reference(w, gdir, missing: dict, sets: dict, pair, scratch: Path, device: str, policy: Policy,
-               quiet, quiet_first: list) -> tuple[dict, float]:
+               quiet, quiet_first: list, clock) -> tuple[dict, float]:
     """The original alone, in worker `w`: outputs and the float64 reference on every set of the seeds in
     `missing`, then (once `quiet` is set and the workers in quiet_first are idle) a solo per-call time
     that sizes timed samples and bounds the paired baseline."""
@@ -318,15 +319,18 @@ def _reference(w, gdir, missing: dict, sets: dict, pair, scratch: Path, device: 
 
     out = {}
     text = (Path(gdir) / WRAPPER_FILE).read_text()
-    w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": device}, policy.load_timeout_s)
+    with clock("reference.load"):
+        w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": device}, policy.load_timeout_s)
     for seed, named in missing.items():
         f, o = scratch / f"sets-ref-{seed}.pt", scratch / f"ref-{seed}.pt"
         _save_sets(f, named, torch)
-        w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o),
-                   "pair": list(pair)}, policy.call_timeout_s)
+        with clock("reference.outputs"):
+            w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o),
+                       "pair": list(pair)}, policy.call_timeout_s)
         base = _load_raw(o, torch)
-        r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
-                      policy.call_timeout_s)
+        with clock("reference.ref64"):
+            r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
+                          policy.call_timeout_s)
         out[seed] = {"base": base, "ref64": _load_raw(o, torch)["outputs"] if r.get("available") else None}
         f.unlink()
     f = scratch / "rotating-ref.pt"

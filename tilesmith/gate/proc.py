@@ -212,16 +212,21 @@ class Spares:
                           and s.error is None and s.worker.proc.poll() is None), None)
             if spare is not None:
                 pool.remove(spare)
-            self._fill(device, fp)
         if spare is None:
             return Worker(name, scratch, device)
         spare.worker.name = name
         return spare.worker
 
+    def refill(self, device: str) -> None:
+        """Start spares up to the pool's size. Called when a decision is over, so they start while the
+        optimizer prepares its next candidate, not while this decision measures."""
+        with self._lock:
+            self._fill(device, _env_fingerprint(device))
+
     def _fill(self, device: str, fp: str) -> None:
         if self._closed:
             return
-        pool = self._pool[device]
+        pool = self._pool.setdefault(device, [])
         for s in [s for s in pool if s.fingerprint != fp or s.error is not None]:  # stale: never handed out
             pool.remove(s)
             s.worker.close()
@@ -261,6 +266,13 @@ def start_worker(name: str, scratch: Path, device: str = "cpu") -> "Worker":
     """A worker for one role of one decision: a started spare when `keep_spares` is on, else a new one."""
     spares = _SPARES
     return spares.take(name, scratch, device) if spares is not None else Worker(name, scratch, device)
+
+
+def refill_spares(device: str) -> None:
+    """After a decision: start the spares the next one will take (when `keep_spares` is on)."""
+    spares = _SPARES
+    if spares is not None:
+        spares.refill(device)
 
 
 def calm_spares() -> None:
