@@ -19,6 +19,7 @@ from pathlib import Path
 from tilesmith import runs, store
 from tilesmith import workspace as wsmod
 from tilesmith.errors import TilesmithError
+from tilesmith.gate.proc import default_spares, keep_spares
 from tilesmith.workspace import write_json
 
 FINAL = ("done", "exhausted", "cached", "failed")
@@ -161,19 +162,8 @@ def optimize(workspace: str | Path = "tilesmith-workspace",
 
     interrupted = False
     try:
-        order = _order_by_time(rid, ws, [g for g in graphs if tracks[g.key].status not in FINAL], timing_lock, note)
-        if settings.jobs <= 1:
-            for g in order:
-                if stop.is_set() or (deadline and time.monotonic() > deadline):
-                    break
-                work(g)
-        else:
-            pool = ThreadPoolExecutor(settings.jobs)
-            try:
-                list(pool.map(work, order))
-            finally:  # on Ctrl-C: tracks stop at their next step; queued ones never start
-                stop.set()
-                pool.shutdown(wait=True, cancel_futures=True)
+        with keep_spares(default_spares()):  # decisions run back to back: workers start ahead of them
+            _work_all(rid, ws, graphs, tracks, settings, deadline, stop, timing_lock, note, work)
     except KeyboardInterrupt:
         interrupted = True
         stop.set()
@@ -188,6 +178,22 @@ def optimize(workspace: str | Path = "tilesmith-workspace",
     if interrupted:
         raise KeyboardInterrupt
     return OptimizeResult(rid, run["status"], list(tracks.values()))
+
+
+def _work_all(rid, ws, graphs, tracks, settings, deadline, stop, timing_lock, note, work) -> None:
+    order = _order_by_time(rid, ws, [g for g in graphs if tracks[g.key].status not in FINAL], timing_lock, note)
+    if settings.jobs <= 1:
+        for g in order:
+            if stop.is_set() or (deadline and time.monotonic() > deadline):
+                break
+            work(g)
+    else:
+        pool = ThreadPoolExecutor(settings.jobs)
+        try:
+            list(pool.map(work, order))
+        finally:  # on Ctrl-C: tracks stop at their next step; queued ones never start
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _select(ws, prefixes: list[str]):

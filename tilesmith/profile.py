@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tilesmith.errors import TilesmithError
+from tilesmith.gate.proc import calm_spares
 
 
 @dataclass
@@ -54,6 +55,7 @@ def profile_graph(graph_dir: str | Path, source_text: str | None = None, *, time
         src_file.write_text(source_text if source_text is not None else (gdir / "wrapper.py").read_text())
         cmd = [sys.executable, "-m", "tilesmith.profile_worker", str(gdir), str(src_file), str(calls)]
         try:
+            calm_spares()  # no gate worker may still be starting while this one measures
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                                env={**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"})
         except subprocess.TimeoutExpired:

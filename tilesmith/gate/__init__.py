@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from tilesmith.errors import TilesmithError
+from tilesmith.gate.proc import calm_spares, refill_spares
 from tilesmith.gate.verdict import MODES, STAGES, Pass, Policy, Reason, SetCorrectness, Timing, Verdict
 from tilesmith.workspace import WRAPPER_FILE, load_graph_json
 
@@ -82,7 +83,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
 
     from tilesmith import loading
     from tilesmith.gate.inputs import derive_seed, make_sets
-    from tilesmith.gate.proc import Worker, WorkerFailure
+    from tilesmith.gate.proc import WorkerFailure, start_worker
 
     clock = _Clock(v.stage_seconds)
     cand = scratch / "candidate.py"
@@ -110,9 +111,9 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     # On a machine with few cores a third interpreter starting alongside would slow the other two
     # down and is wasted when the first pass rejects: there the confirmation's worker starts after it.
     early = policy.confirm and _cores() >= policy.prestart_min_cores
-    preps = [_Prepared(Worker("candidate", scratch, device), ctx)]
+    preps = [_Prepared(start_worker("candidate", scratch, device), ctx)]
     if early:
-        preps.append(_Prepared(Worker("candidate", scratch, device), ctx))
+        preps.append(_Prepared(start_worker("candidate", scratch, device), ctx))
     ref = _Reference(gdir, sets, pair, scratch, device, policy, clock, quiet_first=preps[1:])
     try:
         v.first = Pass(seed=seeds[0])
@@ -125,13 +126,14 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
             v.accepted = True
             return
         if not early:
-            preps.append(_Prepared(Worker("candidate", scratch, device), ctx))
+            preps.append(_Prepared(start_worker("candidate", scratch, device), ctx))
         v.confirmation = Pass(seed=seeds[1])
         v.accepted = _pass(v, v.confirmation, sets[seeds[1]], ctx, preps[1], ref, others=[], confirmation=True)
     finally:
         ref.close()
         for w in preps:
             w.close()
+        refill_spares(device)
     t1, t2 = v.first.timing, v.confirmation.timing
     if v.accepted and max(t1.speedup, t2.speedup) > policy.suspicious_speedup \
             and not 0.5 <= t2.speedup / t1.speedup <= 2.0:
@@ -249,9 +251,9 @@ class _Reference:
         self._thread = None
         missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
         if missing or self._solo_key not in _SOLO_CACHE:
-            from tilesmith.gate.proc import Worker
+            from tilesmith.gate.proc import start_worker
 
-            self.worker = Worker("reference", scratch, device)
+            self.worker = start_worker("reference", scratch, device)
             args = (gdir, missing, sets, pair, scratch, device, policy, clock, quiet_first)
             self._thread = threading.Thread(target=self._run, args=args, daemon=True)
             self._thread.start()
@@ -264,7 +266,7 @@ class _Reference:
         t0 = time.monotonic()
         try:
             per_seed, solo = _reference(self.worker, gdir, missing, sets, pair, scratch, device, policy,
-                                        self.quiet, quiet_first)
+                                        self.quiet, quiet_first, clock)
             for s, r in per_seed.items():
                 while len(_REF_CACHE) >= _REF_CACHE_SEEDS:
                     _REF_CACHE.pop(next(iter(_REF_CACHE)))
@@ -307,7 +309,7 @@ class _Reference:
 
 
 def _reference(w, gdir, missing: dict, sets: dict, pair, scratch: Path, device: str, policy: Policy,
-               quiet, quiet_first: list) -> tuple[dict, float]:
+               quiet, quiet_first: list, clock) -> tuple[dict, float]:
     """The original alone, in worker `w`: outputs and the float64 reference on every set of the seeds in
     `missing`, then (once `quiet` is set and the workers in quiet_first are idle) a solo per-call time
     that sizes timed samples and bounds the paired baseline."""
@@ -317,15 +319,18 @@ def _reference(w, gdir, missing: dict, sets: dict, pair, scratch: Path, device: 
 
     out = {}
     text = (Path(gdir) / WRAPPER_FILE).read_text()
-    w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": device}, policy.load_timeout_s)
+    with clock("reference.load"):
+        w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": device}, policy.load_timeout_s)
     for seed, named in missing.items():
         f, o = scratch / f"sets-ref-{seed}.pt", scratch / f"ref-{seed}.pt"
         _save_sets(f, named, torch)
-        w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o),
-                   "pair": list(pair)}, policy.call_timeout_s)
+        with clock("reference.outputs"):
+            w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o),
+                       "pair": list(pair)}, policy.call_timeout_s)
         base = _load_raw(o, torch)
-        r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
-                      policy.call_timeout_s)
+        with clock("reference.ref64"):
+            r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
+                          policy.call_timeout_s)
         out[seed] = {"base": base, "ref64": _load_raw(o, torch)["outputs"] if r.get("available") else None}
         f.unlink()
     f = scratch / "rotating-ref.pt"
@@ -337,6 +342,7 @@ def _reference(w, gdir, missing: dict, sets: dict, pair, scratch: Path, device: 
     quiet.wait(policy.load_timeout_s + policy.call_timeout_s)
     for p in quiet_first:
         p.idle()
+    calm_spares()
     r = w.request({"op": "time", "rounds": 7, "reps": 1, "roles": ["baseline"]}, policy.call_timeout_s)
     return out, max(1000.0, float(statistics.median(r["ns"]["baseline"])))
 
@@ -400,6 +406,7 @@ def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, prep: _Prepared, ref
         with clock(f"{key}.quiesce"):  # no other worker may be busy while samples are taken
             for other in others:
                 other.idle()
+            calm_spares()
         reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / r["per_call_ns"])))
         with clock(f"{key}.timing"):
             p.timing, reasons = timing.measure(w, policy, ctx["mode"], reps, r["per_call_ns"])

@@ -3,6 +3,7 @@ result pipe, timeouts that kill the whole process group, and every failure turne
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -164,3 +166,152 @@ class Worker:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# -- spares ------------------------------------------------------------------------------------
+# Starting a worker (an interpreter, torch, a CUDA context) is most of a decision's wall time: seconds
+# on CPU, 7-11 s on an H200 host. When decisions run back to back (the optimize driver), interpreters
+# are started ahead of need. Each is handed out once, and fresh: it has run its imports and nothing
+# else (no wrapper, no candidate). One is handed out only if the environment it would be started with
+# now is the one it was started with; otherwise a new worker starts as before.
+
+
+class _Spare:
+    def __init__(self, device: str, home: Path, fingerprint: str):
+        self.device, self.fingerprint = device, fingerprint
+        self.worker = Worker("spare", home, device)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._ready, daemon=True)
+        self._thread.start()
+
+    def _ready(self) -> None:
+        try:
+            self.worker.request({"op": "ready"}, 300.0)
+        except BaseException as e:  # a spare that cannot start is dropped; a fresh worker is used instead
+            self.error = e
+
+    def idle(self) -> None:
+        self._thread.join()
+
+
+class Spares:
+    """Up to `per_device` started workers per device, refilled as they are taken (see above)."""
+
+    def __init__(self, per_device: int):
+        self.per_device = per_device
+        self._home = Path(tempfile.mkdtemp(prefix="tilesmith-spares-"))
+        self._lock = threading.Lock()
+        self._pool: dict[str, list[_Spare]] = {}
+        self._closed = False
+
+    def take(self, name: str, scratch: Path, device: str) -> "Worker":
+        fp = _env_fingerprint(device)
+        with self._lock:
+            pool = self._pool.setdefault(device, [])
+            spare = next((s for s in pool if s.fingerprint == fp and not s._thread.is_alive()
+                          and s.error is None and s.worker.proc.poll() is None), None)
+            if spare is not None:
+                pool.remove(spare)
+        if spare is None:
+            return Worker(name, scratch, device)
+        spare.worker.name = name
+        return spare.worker
+
+    def refill(self, device: str) -> None:
+        """Start spares up to the pool's size. Called when a decision is over, so they start while the
+        optimizer prepares its next candidate, not while this decision measures."""
+        with self._lock:
+            self._fill(device, _env_fingerprint(device))
+
+    def _fill(self, device: str, fp: str) -> None:
+        if self._closed:
+            return
+        pool = self._pool.setdefault(device, [])
+        for s in [s for s in pool if s.fingerprint != fp or s.error is not None]:  # stale: never handed out
+            pool.remove(s)
+            s.worker.close()
+        while len(pool) < self.per_device:
+            pool.append(_Spare(device, self._home, fp))
+
+    def calm(self) -> None:
+        """Wait until no spare is starting (a starting interpreter would disturb a measurement)."""
+        with self._lock:
+            starting = [s for pool in self._pool.values() for s in pool]
+        for s in starting:
+            s.idle()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            spares = [s for pool in self._pool.values() for s in pool]
+            self._pool.clear()
+        for s in spares:
+            s.worker.kill()
+            s.idle()
+            s.worker.close()
+        shutil.rmtree(self._home, ignore_errors=True)
+
+
+_SPARES: Spares | None = None
+
+
+def _env_fingerprint(device: str) -> str:
+    import hashlib
+
+    items = sorted((k, v) for k, v in os.environ.items() if not _SECRET.search(k))
+    return hashlib.sha256(json.dumps([device, items]).encode()).hexdigest()
+
+
+def start_worker(name: str, scratch: Path, device: str = "cpu") -> "Worker":
+    """A worker for one role of one decision: a started spare when `keep_spares` is on, else a new one."""
+    spares = _SPARES
+    return spares.take(name, scratch, device) if spares is not None else Worker(name, scratch, device)
+
+
+def refill_spares(device: str) -> None:
+    """After a decision: start the spares the next one will take (when `keep_spares` is on)."""
+    spares = _SPARES
+    if spares is not None:
+        spares.refill(device)
+
+
+def calm_spares() -> None:
+    """Before any measurement: wait for spares still starting."""
+    spares = _SPARES
+    if spares is not None:
+        spares.calm()
+
+
+def default_spares() -> int:
+    """TILESMITH_GATE_SPARES, else one decision's worth (reference, first pass, confirmation) on a
+    machine with 4 or more cores and one on a smaller machine, where starting interpreters compete
+    with the decision for the same cores."""
+    given = os.environ.get("TILESMITH_GATE_SPARES")
+    if given is not None:
+        try:
+            return max(0, int(given))
+        except ValueError:
+            from tilesmith.errors import TilesmithError
+
+            raise TilesmithError(f"TILESMITH_GATE_SPARES={given!r} is not a number", code="usage",
+                                 hint="set it to 0 (off) or the number of workers to keep started") from None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return 3 if cores >= 4 else 1
+
+
+@contextlib.contextmanager
+def keep_spares(per_device: int):
+    """Within the block, gate decisions take started workers from a pool of `per_device` per device."""
+    global _SPARES
+    if per_device <= 0 or _SPARES is not None:  # off, or an outer block keeps them already
+        yield
+        return
+    _SPARES = Spares(per_device)
+    try:
+        yield
+    finally:
+        spares, _SPARES = _SPARES, None
+        spares.close()

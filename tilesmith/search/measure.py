@@ -12,6 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tilesmith.gate.proc import calm_spares
+
 
 @dataclass
 class Screen:
@@ -35,6 +37,7 @@ def screen(graph_dir: str | Path, sources: list[tuple[str, str]], *, budget_s: f
             files.append(str(f))
         spec = Path(tmp) / "spec.json"
         spec.write_text(json.dumps({"graph_dir": str(graph_dir), "sources": files, "budget_s": budget_s}))
+        calm_spares()  # no gate worker may still be starting while the variants are timed
         try:
             p = subprocess.run([sys.executable, "-m", "tilesmith.search.measure_worker", str(spec)],
                                capture_output=True, text=True, timeout=timeout_s,
