@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo gpu-wheels gpu-deps gpu-test gpu-test-run bench-gpu lint clean
+.PHONY: install test demo gpu-wheels gpu-deps gpu-test gpu-test-groups gpu-test-run bench-gpu lint clean
 
 $(BIN)/tilesmith: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,9 @@ gpu-deps:
 GPU_TESTS ?= tests/gpu
 TAG ?= all
 gpu-test: gpu-deps gpu-test-run
+
+gpu-test-groups: gpu-deps
+	$(GPU_ENV) OUT=$(OUT) bash tests/gpu/run_groups.sh
 
 gpu-test-run:
 	mkdir -p $(OUT)

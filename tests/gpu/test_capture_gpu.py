@@ -78,7 +78,7 @@ def test_gpu_tuner_runs_a_whole_track_and_every_verdict_is_recorded(cuda_reduce_
     from tilesmith import optimize as opt
     from tilesmith import runs
 
-    r = opt.optimize(cuda_reduce_overhead, opt.OptimizeSettings(optimizer="tuner", gate_time_budget_s=5.0, max_minutes=6))
+    r = opt.optimize(cuda_reduce_overhead, opt.OptimizeSettings(optimizer="tuner", gate_time_budget_s=5.0, max_minutes=2))
     (t,) = r.tracks
     assert t.status in ("done", "exhausted", "interrupted") and t.status != "failed", t
     verdicts = sorted((runs.track_dir(r.run_id, t.key) / "profiles").glob("verdict_*.json"))
