@@ -66,6 +66,21 @@ def _call_ms(mod, inputs, n: int = 200) -> float:
     return statistics.median(times) / 1e6
 
 
+def _spin_text(text: str, iterations: int) -> str:
+    """The wrapper plus a Python loop of `iterations` empty steps before it returns: host time of any
+    size, down to microseconds (launch mode only: a CUDA graph replay skips Python)."""
+    return text.replace("        args.clear()\n", f"        args.clear()\n        for _ in range({iterations}): pass\n", 1)
+
+
+def _spin_ns() -> float:
+    """Nanoseconds per step of that loop in this interpreter."""
+    n = 2_000_000
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        pass
+    return (time.perf_counter_ns() - t0) / n
+
+
 def _slow_text(text: str, name: str, numel: int, passes: float) -> str:
     """The wrapper plus `passes` redundant sin() passes over (a prefix of) input `name`, into scratch."""
     reps, n = (max(1, round(passes)), numel) if passes >= 1 else (1, max(1, int(numel * passes)))
@@ -81,9 +96,11 @@ def _ratio(slow, base, inputs, rounds: int = 7) -> tuple[float, list[float]]:
     return statistics.median(ratios), ratios
 
 
-def slowed_graph(graph: Path, work: Path, speedup: float) -> tuple[Path, dict]:
-    """A copy of `graph` whose wrapper also runs sin() over part of its largest float input into scratch,
-    sized (by measurement, a few corrections) so the copy takes about `speedup` times as long."""
+def slowed_graph(graph: Path, work: Path, speedup: float, spin: bool = False) -> tuple[Path, dict]:
+    """A copy of `graph` whose wrapper also does redundant work, sized (by measurement, a few
+    corrections) so the copy takes about `speedup` times as long: sin() over part of its largest float
+    input into scratch, or with `spin` (launch mode) a host loop, whose cost has no floor (on an H200 the
+    smallest sin() pass alone made a 0.2 ms graph 1.2x slower)."""
     import torch
 
     from tilesmith import loading
@@ -107,16 +124,20 @@ def slowed_graph(graph: Path, work: Path, speedup: float) -> tuple[Path, dict]:
     _sync()
     t_sin = (time.perf_counter_ns() - t0) / 200 / 1e6
     passes = (speedup - 1) * t_graph / t_sin
+    make = lambda p: _slow_text(text, name, numel, p)  # noqa: E731
+    if spin:
+        passes = (speedup - 1) * t_graph * 1e6 / _spin_ns()
+        make = lambda p: _spin_text(text, max(1, round(p)))  # noqa: E731
     history = []
     for _ in range(4):  # launch costs make the first guess rough: correct it from the measured ratio
-        slow = loading.load_module(_slow_text(text, name, numel, passes), data.constants)
+        slow = loading.load_module(make(passes), data.constants)
         got, ratios = _ratio(slow, base, data.inputs)
         history.append({"passes": passes, "ratio": got})
         if abs(got - speedup) <= 0.2 * (speedup - 1) or got <= 1.0:
             break
         passes *= (speedup - 1) / (got - 1)
     best = min(history, key=lambda h: abs(h["ratio"] - speedup))
-    slow_text = _slow_text(text, name, numel, best["passes"])
+    slow_text = make(best["passes"])
     out = work / "slowed" / graph.name
     out.mkdir(parents=True)
     for f in ("graph.json", "data.pt"):
@@ -125,7 +146,7 @@ def slowed_graph(graph: Path, work: Path, speedup: float) -> tuple[Path, dict]:
     # The cost of the slowed copy, measured again on its final text (interleaved with the original).
     got, ratios = _ratio(loading.load_module(slow_text, data.constants), base, data.inputs, 9)
     return out, {"target": speedup, "measured": got, "ratios": ratios, "original_ms": t_graph,
-                 "calibration": history}
+                 "calibration": history, "redundant_work": "host loop" if spin else "sin() passes"}
 
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
@@ -247,7 +268,9 @@ def run_device(device: str, a, budget_s: float, work: Path) -> dict:
     left = lambda: budget_s - (time.monotonic() - start)  # noqa: E731
     print(f"[{device}] capturing examples/inference.py", file=sys.stderr)
     graph = a.graph or capture_example(device, work / device, a.compile_mode)
-    slow, cost = slowed_graph(graph, work / device, a.speedup)
+    graph_mode = a.mode == "graph" or (a.mode == "auto" and a.compile_mode in ("reduce-overhead", "max-autotune"))
+    spin = a.redundant == "spin" or (a.redundant == "auto" and not graph_mode)
+    slow, cost = slowed_graph(graph, work / device, a.speedup, spin=spin)
     print(f"[{device}] slowed copy: {cost['measured']:.3f}x the original ({cost['original_ms']:.3f} ms per call); "
           f"{left():.0f} s left", file=sys.stderr)
     kw = dict(min_improvement=a.min_improvement, time_budget_s=a.time_budget, mode=a.mode)
@@ -309,6 +332,9 @@ def main() -> None:
     ap.add_argument("--min-improvement", type=float, default=0.02)
     ap.add_argument("--time-budget", type=float, default=20.0, help="timing seconds per gate pass (Policy.time_budget_s)")
     ap.add_argument("--mode", default="auto")
+    ap.add_argument("--redundant", default="auto", choices=["auto", "sin", "spin"],
+                    help="the slowed copy's redundant work: sin() passes, or a host loop (launch mode; "
+                         "auto: the loop unless the graph is timed in CUDA graphs)")
     ap.add_argument("--seed", type=int, default=1000)
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     a = ap.parse_args()
