@@ -66,10 +66,15 @@ def _call_ms(mod, inputs, n: int = 200) -> float:
     return statistics.median(times) / 1e6
 
 
+def _with_waste(text: str, waste: str) -> str:
+    """The wrapper with `waste` (indented body lines) run right after it has unpacked its arguments."""
+    return text.replace("        args.clear()\n", "        args.clear()\n" + waste, 1)
+
+
 def _spin_text(text: str, iterations: int) -> str:
     """The wrapper plus a Python loop of `iterations` empty steps before it returns: host time of any
     size, down to microseconds (launch mode only: a CUDA graph replay skips Python)."""
-    return text.replace("        args.clear()\n", f"        args.clear()\n        for _ in range({iterations}): pass\n", 1)
+    return _with_waste(text, f"        for _ in range({iterations}): pass\n")
 
 
 def _spin_ns() -> float:
@@ -87,7 +92,7 @@ def _slow_text(text: str, name: str, numel: int, passes: float) -> str:
     waste = (f"        _waste = torch.empty({n}, dtype={name}.dtype, device={name}.device)\n"
              f"        for _ in range({reps}):\n"
              f"            torch.sin({name}.reshape(-1)[:{n}], out=_waste)\n")
-    return text.replace("        args.clear()\n", "        args.clear()\n" + waste, 1)
+    return _with_waste(text, waste)
 
 
 def _ratio(slow, base, inputs, rounds: int = 7) -> tuple[float, list[float]]:

@@ -50,7 +50,8 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
     import torch
 
     from tilesmith import loading
-    from tilesmith.gate import _device, _rotating, _save_sets, resolve_mode, timing
+    from tilesmith.gate import _device, resolve_mode, timing
+    from tilesmith.gate.original import rotating, save_sets
     from tilesmith.gate.inputs import make_sets
     from tilesmith.gate.proc import Worker
 
@@ -66,7 +67,7 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
                    "baseline_file": str(baseline_path) if baseline_path else None,
                    "candidate": str(candidate_path), "device": device}, policy.load_timeout_s)
         f = Path(scratch) / "rotating.pt"
-        _save_sets(f, _rotating(sets, policy), torch)
+        save_sets(f, rotating(sets, policy), torch)
         w.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline", "candidate"], "mode": mode},
                   policy.call_timeout_s)
         solo = w.request({"op": "time", "rounds": 7, "reps": 1, "roles": ["baseline"]}, policy.call_timeout_s)

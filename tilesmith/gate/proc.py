@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import hashlib
 import json
 import os
 import re
@@ -193,9 +194,14 @@ class _Spare:
     def idle(self) -> None:
         self._thread.join()
 
+    @property
+    def ready(self) -> bool:
+        """Started, answered, and still alive: it may be handed out."""
+        return not self._thread.is_alive() and self.error is None and self.worker.proc.poll() is None
+
 
 class Spares:
-    """Up to `per_device` started workers per device, refilled as they are taken (see above)."""
+    """Up to `per_device` started workers per device, refilled when a decision ends (see above)."""
 
     def __init__(self, per_device: int):
         self.per_device = per_device
@@ -208,8 +214,7 @@ class Spares:
         fp = _env_fingerprint(device)
         with self._lock:
             pool = self._pool.setdefault(device, [])
-            spare = next((s for s in pool if s.fingerprint == fp and not s._thread.is_alive()
-                          and s.error is None and s.worker.proc.poll() is None), None)
+            spare = next((s for s in pool if s.fingerprint == fp and s.ready), None)
             if spare is not None:
                 pool.remove(spare)
         if spare is None:
@@ -256,8 +261,6 @@ _SPARES: Spares | None = None
 
 
 def _env_fingerprint(device: str) -> str:
-    import hashlib
-
     items = sorted((k, v) for k, v in os.environ.items() if not _SECRET.search(k))
     return hashlib.sha256(json.dumps([device, items]).encode()).hexdigest()
 
