@@ -50,13 +50,9 @@ gpu-test-run:
 	$(GPU_ENV) python3 -m pytest -q -m gpu $(GPU_TESTS) -p no:cacheprovider --basetemp=/tmp/pytest-$(TAG) \
 		--durations=15 --junitxml=$(OUT)/gpu-tests-$(TAG).xml
 
+# MoE first, then the gate calibration with the time left (benchmark.py too with BENCH_SMALL=1):
 bench-gpu: gpu-deps
-	mkdir -p $(OUT)
-	$(GPU_ENV) python3 benchmark.py run --out-dir /tmp/bench-out 2>&1 | tee $(OUT)/benchmark.log; cp /tmp/bench-out/benchmark.json $(OUT)/ || true
-	$(GPU_ENV) python3 moe_benchmark.py run --chip H200 --max-minutes $(MOE_MINUTES) --out-dir /tmp/moe-out 2>&1 | tee $(OUT)/moe.log; \
-		cp /tmp/moe-out/moe_benchmark.json $(OUT)/ || true
-	$(GPU_ENV) TILESMITH_HOME=/tmp/moe-out/home python3 -m tilesmith_cli.app report --json > $(OUT)/moe_report.json || true
-MOE_MINUTES ?= 3
+	$(GPU_ENV) OUT=$(OUT) bash benchmarks/gpu_bench.sh
 
 lint: install
 	$(BIN)/python -m pip install -q pyflakes

@@ -1,6 +1,6 @@
 """The gate on CUDA (run on the GPU machine: `make gpu-test`): Triton wrappers pass the static screen,
 the original is not faster than itself in launch and CUDA-graph mode, a real win is accepted in both,
-side-stream work is stopped, and bf16 accumulation is caught against the float64 reference."""
+side-stream work is stopped (by the screen, and by the dynamic check when the screen is off), and bf16 accumulation is caught against the float64 reference."""
 
 from __future__ import annotations
 
@@ -70,6 +70,24 @@ def test_gpu_gate_stops_work_on_a_side_stream(cuda_graph, tmp_path):
     v = _judge(graph, cheat, tmp_path)
     assert not v.accepted and v.stage == "static" and "static-streams" in v.codes
 
+
+
+def test_gpu_gate_dynamic_check_stops_unjoined_side_stream_work_the_screen_missed(cuda_graph, tmp_path, monkeypatch):
+    """The static screen is switched off here, so only the worker's dynamic check can stop the cheat:
+    every kernel goes to a new stream behind a ~50 ms spin and is never joined. The worker runs the
+    call under its own current stream, synchronises only that one and reads the outputs: too early."""
+    import tilesmith.gate as gate
+
+    monkeypatch.setattr(gate, "screen", lambda text: [])
+    graph, _ = cuda_graph
+    text = (graph / "wrapper.py").read_text()
+    cheat = text.replace("        args.clear()\n", "        args.clear()\n        _side = torch.cuda.Stream()\n"
+                         "        _side.wait_stream(torch.cuda.current_stream())\n"
+                         "        torch.cuda.set_stream(_side)\n        torch.cuda._sleep(100_000_000)\n", 1)
+    assert cheat != text
+    v = _judge(graph, cheat, tmp_path)
+    assert not v.accepted and v.stage == "correctness", v.reasons
+    assert v.codes and not any(c.startswith("static") for c in v.codes), v.reasons
 
 def test_gpu_gate_rejects_bf16_accumulation_without_fp32(tmp_path, inductor_cache):
     ws = tmp_path / "ws"
