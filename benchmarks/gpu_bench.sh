@@ -3,7 +3,7 @@
 #   1. moe_benchmark.py run --chip H200 (capture, optimize with the tuner, install, the interleaved table)
 #   2. the gate calibration with whatever time is left (A/A, power near 5 %, seconds per decision)
 #   3. benchmark.py run (the small fixture), only when BENCH_SMALL=1
-# Logs and JSON land in $OUT. LIMIT is the wall seconds the whole pass may take.
+# Logs and JSON land in $OUT. LIMIT is the wall seconds the whole pass may take; CAL_ARGS go to the calibration.
 set -u
 OUT=${OUT:-gpu-out}
 LIMIT=${LIMIT:-575}
@@ -28,7 +28,7 @@ fi
 budget=$(( $(left) - 40 ))
 if [ "$budget" -gt 60 ]; then
     timeout $(( budget + 30 )) python3 benchmarks/gate_calibration.py --device cuda --budget-s "$budget" \
-        --out "$OUT/gate_calibration.json" > "$OUT/gate_calibration.log" 2>&1
+        --out "$OUT/gate_calibration.json" ${CAL_ARGS:-} > "$OUT/gate_calibration.log" 2>&1
     echo "calibration rc=$? after ${SECONDS} s" >> "$OUT/gate_calibration.log"
     grep -vE "^  (trial|decision)" "$OUT/gate_calibration.log" | tail -n 25
 fi

@@ -1,8 +1,13 @@
-"""The built-in tuner: no model, no API key. For each kernel, in order of its share of the graph's
-time, try the launch parameters its generated source allows (Triton block sizes, warps, stages;
-C++ OpenMP thread counts, the serial path), screen them cheaply on the whole call, keep the best per
-kernel, assemble, and hand the assembled wrapper to the gate. Each loop starts from the best
-confirmed source and tunes the kernels not changed yet."""
+"""The built-in tuner: no model, no API key.
+
+First, for a CUDA graph that runs as plain launches and spends much of its time outside kernels
+(the baseline profile's launch overhead), the whole call replayed from a CUDA graph
+(`tilesmith.cudagraph`): screened against the current source, and handed to the gate when it screens
+faster. Then, for each kernel, in order of its share of the graph's time, the launch parameters its
+generated source allows (Triton block sizes, warps, stages; C++ OpenMP thread counts, the serial
+path), screened cheaply on the whole call; the best per kernel are assembled and the assembled
+wrapper goes to the gate. Each loop starts from the best confirmed source and tunes the kernels not
+changed yet."""
 
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ class TunerConfig:
     max_kernels: int = 6  # kernels screened per loop, biggest share first
     screen_budget_s: float = 3.0  # timing seconds per kernel screen (all its variants together)
     min_gain: float = 0.01  # a variant must screen this much faster than the current code to be kept
+    # The CUDA-graph variant is tried when launch overhead is at least this share of a call (profile),
+    # or when there is no profile.
+    graph_min_overhead_share: float = 0.2
 
 
 def search(track, config: TunerConfig | None = None) -> Generator[Candidate, dict, None]:
@@ -36,6 +44,15 @@ def search(track, config: TunerConfig | None = None) -> Generator[Candidate, dic
     """
     cfg = config or TunerConfig()
     done: set[str] = set()
+    if _graphable(track, cfg) and not track.expired():
+        text = graphed_text(track.best_text)
+        results = screen(track.graph_dir, [("current", track.best_text), (GRAPHED_LABEL, text)],
+                         budget_s=cfg.screen_budget_s)
+        current, r = results[0].median_ms, results[1]
+        track.record({"kernel": "(whole call)", "variant": GRAPHED_LABEL, "median_ms": r.median_ms,
+                      "current_ms": current, "samples": len(r.samples_ms), "error": r.error})
+        if current and r.median_ms and current / r.median_ms - 1 > cfg.min_gain:
+            yield Candidate(text, GRAPHED_LABEL)
     while True:
         base_text = track.best_text
         header, base = _split(base_text)
@@ -90,3 +107,27 @@ def _ordered(kernels: list, profile) -> list:
     """Kernels by their share of the baseline profile, biggest first; unprofiled ones last."""
     share = {k.name: k.time_ms for k in (profile.kernels if profile else [])}
     return sorted(kernels, key=lambda k: -share.get(k.name, -1.0))
+
+
+GRAPHED_LABEL = "whole call replayed from a CUDA graph (tilesmith.cudagraph)"
+_GRAPHED_TAIL = ("\n\n# tilesmith: this wrapper's launches replayed from a CUDA graph, inputs copied in and outputs\n"
+                 "# copied out on the caller's stream (tilesmith/cudagraph.py)\n"
+                 "from tilesmith.cudagraph import graphed\ncall = graphed(call)\n")
+
+
+def graphed_text(text: str) -> str:
+    """The wrapper with its call(args) replayed from a CUDA graph (once: already graphed stays as is)."""
+    return text if "from tilesmith.cudagraph import graphed" in text else text.rstrip("\n") + _GRAPHED_TAIL
+
+
+def _graphable(track, cfg: TunerConfig) -> bool:
+    """A CUDA graph timed as plain launches (not already replayed by Inductor or by us), launch-bound."""
+    from tilesmith.workspace import load_graph_json
+
+    meta = load_graph_json(track.graph_dir)
+    if not str(meta.get("device", "")).startswith("cuda") or meta.get("compile_mode") == "cudagraphs":
+        return False
+    if "from tilesmith.cudagraph import graphed" in track.best_text:
+        return False
+    p = track.profile
+    return p is None or p.launch_overhead_share >= cfg.graph_min_overhead_share

@@ -1,0 +1,79 @@
+"""tilesmith.cudagraph on CPU (real captured wrappers): the screen lets exactly this helper in, the
+helper makes the plain call where no CUDA graph can run, and the tuner proposes it only for CUDA
+graphs that run as plain launches. The replay itself is tested on the GPU (tests/gpu)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests import gate_helpers as h
+from tilesmith import loading
+from tilesmith.cudagraph import Graphed, graphed
+from tilesmith.gate.static import screen
+from tilesmith.search import tuner
+
+
+def test_graphed_wrapper_passes_the_static_screen_and_other_tilesmith_imports_do_not(inference_ws):
+    text = (h.graph_of(inference_ws) / "wrapper.py").read_text()
+    g = tuner.graphed_text(text)
+    assert g != text and tuner.graphed_text(g) == g  # applied once
+    assert screen(g) == []
+    for bad in ("from tilesmith.cudagraph import Graphed", "import tilesmith.cudagraph", "from tilesmith import store",
+                "import tilesmith.gate.static", "from tilesmith.cudagraph import graphed, _Entry"):
+        assert "static-tilesmith" in {f.code for f in screen(h.with_module_code(text, bad))}, bad
+
+
+def test_graphed_makes_the_plain_call_on_cpu_with_the_same_outputs(inference_ws):
+    gdir = h.graph_of(inference_ws)
+    data = loading.load_graph_data(gdir)
+    text = (gdir / "wrapper.py").read_text()
+    plain = loading.load_module(text, data.constants)
+    wrapped = loading.load_module(tuner.graphed_text(text), data.constants)
+    assert isinstance(wrapped.call, Graphed) and graphed(wrapped.call) is wrapped.call
+    for _ in range(2):
+        args = loading.clone_args(data.inputs)
+        got = wrapped.call(args)
+        assert args == []  # the wrapper ABI: the callee clears the list
+        want = plain.call(loading.clone_args(data.inputs))
+        assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert wrapped.call.replays == 0 and wrapped.call.plain_calls == 2
+    assert wrapped.call.plain_reasons() == ["not all tensors on one CUDA device"]
+
+
+def test_graphed_runs_plain_for_arguments_it_cannot_key():
+    seen = []
+    g = graphed(lambda args: seen.append(list(args)) or (torch.zeros(1),))
+    out = g([object(), torch.ones(2)])
+    assert len(seen) == 1 and torch.equal(out[0], torch.zeros(1)) and g.plain_calls == 1
+
+
+def test_tuner_proposes_the_cuda_graph_variant_only_for_launch_bound_cuda_graphs(inference_ws, tmp_path):
+    import json
+    import shutil
+
+    cpu = h.graph_of(inference_ws)
+    text = (cpu / "wrapper.py").read_text()
+    track = lambda gdir, share, best=text: SimpleNamespace(  # noqa: E731
+        graph_dir=gdir, best_text=best, profile=None if share is None else SimpleNamespace(launch_overhead_share=share))
+    cfg = tuner.TunerConfig()
+    assert not tuner._graphable(track(cpu, 0.9), cfg)  # a CPU graph
+    cuda = tmp_path / "g"
+    shutil.copytree(cpu, cuda)
+    meta = json.loads((cuda / "graph.json").read_text())
+    (cuda / "graph.json").write_text(json.dumps({**meta, "device": "cuda:0", "compile_mode": "plain"}))
+    assert tuner._graphable(track(cuda, 0.9), cfg) and tuner._graphable(track(cuda, None), cfg)
+    assert not tuner._graphable(track(cuda, 0.05), cfg)  # kernel-bound: nothing to win
+    assert not tuner._graphable(track(cuda, 0.9, tuner.graphed_text(text)), cfg)  # already graphed
+    (cuda / "graph.json").write_text(json.dumps({**meta, "device": "cuda:0", "compile_mode": "cudagraphs"}))
+    assert not tuner._graphable(track(cuda, 0.9), cfg)  # Inductor replays it already
+
+
+@pytest.mark.parametrize("x", [torch.ones(3)])
+def test_graphed_layout_key_separates_shapes_and_values(x):
+    from tilesmith.cudagraph import _layout
+
+    assert _layout([x, 1]) != _layout([x, 2]) and _layout([x, 1]) == _layout([x.clone(), 1])
+    assert _layout([x]) != _layout([torch.ones(4)]) and _layout([[1]]) is None
