@@ -71,23 +71,32 @@ def test_gpu_gate_stops_work_on_a_side_stream(cuda_graph, tmp_path):
     assert not v.accepted and v.stage == "static" and "static-streams" in v.codes
 
 
-
-def test_gpu_gate_dynamic_check_stops_unjoined_side_stream_work_the_screen_missed(cuda_graph, tmp_path, monkeypatch):
+@pytest.mark.parametrize("restores", [False, True], ids=["left-switched", "switched-back"])
+def test_gpu_gate_dynamic_check_stops_unjoined_side_stream_work_the_screen_missed(cuda_graph, tmp_path, monkeypatch,
+                                                                                   restores):
     """The static screen is switched off here, so only the worker's dynamic check can stop the cheat:
-    every kernel goes to a new stream behind a ~50 ms spin and is never joined. The worker runs the
-    call under its own current stream, synchronises only that one and reads the outputs: too early."""
+    every kernel goes to a new stream behind a ~50 ms spin and is never joined. The worker runs the call
+    under its own current stream, synchronises only that one and reads the outputs there: too early.
+    A call that leaves the current stream switched is stopped outright (reading on the stream it
+    chose would wait for its work: the hole this test found on the H200)."""
+    import re
+
     import tilesmith.gate.static as static
 
     monkeypatch.setattr(static, "screen", lambda text: [])  # judge() looks it up at each call
     graph, _ = cuda_graph
     text = (graph / "wrapper.py").read_text()
-    cheat = text.replace("        args.clear()\n", "        args.clear()\n        _side = torch.cuda.Stream()\n"
-                         "        _side.wait_stream(torch.cuda.current_stream())\n"
-                         "        torch.cuda.set_stream(_side)\n        torch.cuda._sleep(100_000_000)\n", 1)
-    assert cheat != text
+    cheat = h._after_clear(text, "_prev = torch.cuda.current_stream()\n_side = torch.cuda.Stream()\n"
+                                 "_side.wait_stream(_prev)\ntorch.cuda.set_stream(_side)\ntorch.cuda._sleep(100_000_000)")
+    if restores:  # switch back before returning, never join _side
+        cheat = re.sub(r"^(        return .*)$", r"        torch.cuda.set_stream(_prev)\n\1", cheat, count=1, flags=re.M)
+    assert cheat.count("set_stream(") == 1 + restores
     v = _judge(graph, cheat, tmp_path)
     assert not v.accepted and v.stage == "correctness", v.reasons
     assert v.codes and not any(c.startswith("static") for c in v.codes), v.reasons
+    if not restores:
+        assert "did not switch it back" in " ".join(r.message for r in v.reasons), v.reasons
+
 
 def test_gpu_gate_rejects_bf16_accumulation_without_fp32(tmp_path, inductor_cache):
     ws = tmp_path / "ws"

@@ -77,7 +77,12 @@ def _call(st: State, role: str, args: list, on_side_stream: bool):
             s = torch.cuda.Stream()
             with torch.cuda.stream(s):
                 out = st.fns[role](list(args))
-                s.synchronize()  # only this stream: work left on another stream is not waited for
+                left_on = torch.cuda.current_stream()
+            if left_on != s:  # read on a stream the call chose, the outputs would wait for its work
+                raise RuntimeError("the call switched the current CUDA stream and did not switch it back: "
+                                   "its work is not on the caller's stream")
+            s.synchronize()  # only this stream: work left on another stream is not waited for
+            with torch.cuda.stream(s):
                 res = [_to_cpu(o) for o in _as_list(out)]
             return out, res
         out = st.fns[role](list(args))
