@@ -31,7 +31,7 @@ class State:
         self.fns = {}  # role -> call
         self.device = "cpu"
         self.timed = {}  # role -> list of (call thunk) over rotating buffers
-        self.keep = []  # CUDA graphs and their outputs stay alive while timing
+        self.keep = []  # CUDA graphs, their inputs and their outputs stay alive while timing
 
 
 def _to_device(x, device):
@@ -213,7 +213,10 @@ def _capture_graph(st: State, fn, bufs):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             out = fn(list(bufs))
-    st.keep.append((g, out))
+    # The graph reads and writes these addresses on every replay: its inputs must outlive it like its
+    # outputs. (Dropping `bufs` here let later allocations, or empty_cache at the next capture, take that
+    # memory: replays then read freed memory, and on the H200 hit an illegal address now and then.)
+    st.keep.append((g, out, bufs))
     return g.replay
 
 
