@@ -224,3 +224,18 @@ def test_capture_records_inductors_own_code_even_with_an_artifact_installed(tmp_
 
     r = replay(ws / "graphs" / k)  # captured outputs come from Inductor's wrapper, not the perturbed artifact
     assert r.ok, r.problems
+
+
+def test_a_cuda_graph_artifact_loads_in_the_users_process_and_runs_plain_on_cpu(inference_ws, inference_baseline):
+    """An artifact that ends with `call = graphed(call)` imports tilesmith.cudagraph inside the user's
+    program; on CPU tensors it makes the plain call, so the output is Inductor's, and stats() says why."""
+    from tilesmith.search.tuner import graphed_text
+
+    cache, baseline = inference_baseline
+    (k,) = keys(inference_ws)
+    install_direct(inference_ws, k, graphed_text((inference_ws / "graphs" / k / "wrapper.py").read_text()).encode())
+    p = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)
+    s = stats_of(p)
+    assert s["substituted"] == 1 and s["fallbacks"] == [], p.stderr
+    assert s["cuda_graphs"] == {k: {"replays": 0, "plain_calls": 2, "plain_reasons": ["not all tensors on one CUDA device"]}}
+    assert number(p, "checksum") == baseline

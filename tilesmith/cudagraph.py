@@ -19,7 +19,8 @@ output the caller keeps is never overwritten by the next call, and nothing is le
 
 It makes the plain call instead (the wrapper's own launches, the same results) whenever a graph is not
 safe or not possible, and remembers that per layout: tensors not all on one CUDA device, an input with
-overlapping memory, inputs larger than MAX_STATIC_BYTES, more than MAX_LAYOUTS layouts, a wrapper
+overlapping memory, inputs larger than MAX_STATIC_BYTES, a capture that would keep more than
+MAX_GRAPH_BYTES reserved, more than MAX_LAYOUTS layouts, a wrapper
 that changed its inputs during the warm-up, an output that is a view of an input, or a capture that
 failed. Inside the caller's own CUDA-graph capture it always makes the plain call (the caller's graph
 records those launches), and remembers nothing.
@@ -33,6 +34,9 @@ import torch
 
 MAX_LAYOUTS = 8  # graphs kept per wrapper; more layouts (dynamic shapes) run plain
 MAX_STATIC_BYTES = 1 << 30  # inputs copied into static buffers; bigger ones run plain (memory, copy time)
+# Device memory a capture may newly reserve (static inputs, the graph's private pool: its intermediates
+# and outputs stay reserved, where the plain call frees them): above this the layout runs plain.
+MAX_GRAPH_BYTES = 2 << 30
 
 
 class Graphed:
@@ -104,6 +108,7 @@ class _Entry:
     @classmethod
     def capture(cls, fn, real: list, device) -> "_Entry":
         with torch.cuda.device(device):
+            reserved0 = torch.cuda.memory_reserved(device)
             cur = torch.cuda.current_stream()
             static = [_static_copy(x) if isinstance(x, torch.Tensor) else x for x in real]
             before = [x.clone() if isinstance(x, torch.Tensor) else None for x in static]
@@ -118,6 +123,9 @@ class _Entry:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 out = fn(list(static))
+            grew = torch.cuda.memory_reserved(device) - reserved0
+            if grew > MAX_GRAPH_BYTES:
+                raise _NotGraphable(f"the graph would keep {grew >> 20} MiB of device memory reserved")
             kind = type(out) if isinstance(out, (tuple, list)) else None
             outs = list(out) if kind else [out]
             inputs = {x.untyped_storage().data_ptr() for x in static if isinstance(x, torch.Tensor) and x.numel()}

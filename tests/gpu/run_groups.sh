@@ -15,9 +15,9 @@ group() {  # name, test files...
         --durations=15 --junitxml="$OUT/gpu-tests-$name.xml" "$@" > "$OUT/$name.log" 2>&1
      echo "rc=$?" >> "$OUT/$name.log") &
 }
-group gate tests/gpu/test_gate_gpu.py
+group gate tests/gpu/test_gate_gpu.py tests/gpu/test_cudagraph_gpu.py
 group rtcap tests/gpu/test_runtime_gpu.py tests/gpu/test_capture_gpu.py
-group agent tests/gpu/test_agent_gpu.py tests/gpu/test_compile_gpu.py tests/gpu/test_cudagraph_gpu.py
+group agent tests/gpu/test_agent_gpu.py tests/gpu/test_compile_gpu.py
 wait
 grep -hE "PASSED|FAILED|ERROR|rc=|passed|failed" "$OUT"/gate.log "$OUT"/rtcap.log "$OUT"/agent.log
 ! grep -qE "FAILED|ERROR|rc=[1-9]" "$OUT"/gate.log "$OUT"/rtcap.log "$OUT"/agent.log

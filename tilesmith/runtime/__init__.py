@@ -66,6 +66,9 @@ class RuntimeStats:
     not_installed: int = 0  # graphs with no artifact in the store (normal, no warning)
     fallbacks: list[Fallback] = field(default_factory=list)  # artifact there but not used, and why
     substituted_keys: list[str] = field(default_factory=list)
+    # Substituted artifacts that replay from CUDA graphs (tilesmith.cudagraph), by key: replays, plain
+    # calls and why a layout runs plain.
+    cuda_graphs: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,13 +79,16 @@ _stats = RuntimeStats()
 _warned: set[str] = set()
 _static_env: dict = {}
 _cache_dirs: tuple[str, ...] | None = None
+_graphed: dict = {}  # key -> tilesmith.cudagraph.Graphed of a substituted artifact
 
 
 def stats() -> RuntimeStats:
     """A copy of this process's counters: graphs seen, substituted, fallbacks with reasons."""
     with _lock:
+        graphs = {k: {"replays": g.replays, "plain_calls": g.plain_calls, "plain_reasons": g.plain_reasons()}
+                  for k, g in _graphed.items()}
         return RuntimeStats(_stats.graphs_seen, _stats.substituted, _stats.not_installed,
-                            [Fallback(f.key, f.reason) for f in _stats.fallbacks], list(_stats.substituted_keys))
+                            [Fallback(f.key, f.reason) for f in _stats.fallbacks], list(_stats.substituted_keys), graphs)
 
 
 def strict() -> bool:
@@ -161,9 +167,13 @@ def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
         g.recursively_apply_fns = getattr(mod, "recursively_apply_fns", None)
     if hasattr(g, "compiled_fn_runner"):
         g.compiled_fn_runner = getattr(mod, "runner", None)
+    from tilesmith.cudagraph import Graphed
+
     with _lock:
         _stats.substituted += 1
         _stats.substituted_keys.append(key)
+        if isinstance(call, Graphed):
+            _graphed[key] = call
     log.info("tilesmith: %s: loaded the installed artifact instead of Inductor's wrapper", key[:12])
 
 
