@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import tempfile
 import threading
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.original import Reference, load_raw, rotating, save_sets
-from tilesmith.gate.proc import calm_spares, refill_spares
+from tilesmith.gate.proc import calm_spares, refill_spares, usable_cores
 from tilesmith.gate.verdict import MODES, STAGES, Pass, Policy, Reason, SetCorrectness, Timing, Verdict
 from tilesmith.workspace import load_graph_json
 
@@ -111,7 +110,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     # process (same user, alive throughout) does not already offer.
     # On a machine with few cores a third interpreter starting alongside would slow the other two
     # down and is wasted when the first pass rejects: there the confirmation's worker starts after it.
-    early = policy.confirm and _cores() >= policy.prestart_min_cores
+    early = policy.confirm and usable_cores() >= policy.prestart_min_cores
     preps = [_Prepared(start_worker("candidate", scratch, device), ctx)]
     if early:
         preps.append(_Prepared(start_worker("candidate", scratch, device), ctx))
@@ -141,13 +140,6 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
         v.accepted = False
         v.reasons.append(Reason("suspicious-speedup", f"a {t1.speedup:.1f}x speedup did not reproduce in the "
                                                       f"confirmation ({t2.speedup:.1f}x)"))
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 class _Clock:

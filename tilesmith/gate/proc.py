@@ -298,11 +298,15 @@ def default_spares() -> int:
 
             raise TilesmithError(f"TILESMITH_GATE_SPARES={given!r} is not a number", code="usage",
                                  hint="set it to 0 (off) or the number of workers to keep started") from None
+    return 3 if usable_cores() >= 4 else 1
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, else the machine's count)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return 3 if cores >= 4 else 1
+        return os.cpu_count() or 1
 
 
 @contextlib.contextmanager

@@ -319,8 +319,9 @@ def main(fd: int) -> None:
     if header_dir and hasattr(codecache, "_HEADER_DIR"):
         codecache._HEADER_DIR = header_dir
         codecache._HEADER_LOCK_DIR = os.path.join(header_dir, "locks")
-    _warm_inductor(os.environ.get("TILESMITH_GATE_DEVICE", "cpu"))
-    _warm_device(os.environ.get("TILESMITH_GATE_DEVICE", ""))
+    device = os.environ.get("TILESMITH_GATE_DEVICE", "cpu")
+    _warm_inductor(device)
+    _warm_device(device)
     global _STARTUP_S
     _STARTUP_S = (_perf_ns() - _T0_NS) / 1e9
     for line in sys.stdin:

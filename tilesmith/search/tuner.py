@@ -110,14 +110,14 @@ def _ordered(kernels: list, profile) -> list:
 
 
 GRAPHED_LABEL = "whole call replayed from a CUDA graph (tilesmith.cudagraph)"
+_GRAPHED_IMPORT = "from tilesmith.cudagraph import graphed"
 _GRAPHED_TAIL = ("\n\n# tilesmith: this wrapper's launches replayed from a CUDA graph, inputs copied in and outputs\n"
-                 "# copied out on the caller's stream (tilesmith/cudagraph.py)\n"
-                 "from tilesmith.cudagraph import graphed\ncall = graphed(call)\n")
+                 f"# copied out on the caller's stream (tilesmith/cudagraph.py)\n{_GRAPHED_IMPORT}\ncall = graphed(call)\n")
 
 
 def graphed_text(text: str) -> str:
     """The wrapper with its call(args) replayed from a CUDA graph (once: already graphed stays as is)."""
-    return text if "from tilesmith.cudagraph import graphed" in text else text.rstrip("\n") + _GRAPHED_TAIL
+    return text if _GRAPHED_IMPORT in text else text.rstrip("\n") + _GRAPHED_TAIL
 
 
 def _graphable(track, cfg: TunerConfig) -> bool:
@@ -127,7 +127,7 @@ def _graphable(track, cfg: TunerConfig) -> bool:
     meta = load_graph_json(track.graph_dir)
     if not str(meta.get("device", "")).startswith("cuda") or meta.get("compile_mode") == "cudagraphs":
         return False
-    if "from tilesmith.cudagraph import graphed" in track.best_text:
+    if _GRAPHED_IMPORT in track.best_text:
         return False
     p = track.profile
     return p is None or p.launch_overhead_share >= cfg.graph_min_overhead_share
