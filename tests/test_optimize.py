@@ -91,17 +91,6 @@ def test_loops_need_confirmed_wins_and_a_rejected_candidate_keeps_the_same_loop_
     assert cache["from_run"] == r.run_id
 
 
-def test_the_tuner_finds_the_oversubscribed_threads_and_the_gate_confirms_it(oversub_ws):
-    r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", **FAST_GATE))
-    (t,) = r.tracks
-    assert t.status == "done" and t.loops_done == 1, t
-    track = runs.track_dir(r.run_id, t.key)
-    variants = [json.loads(line) for line in (track / "profiles" / "tuner_variants.jsonl").read_text().splitlines()]
-    assert {v["variant"] for v in variants} >= {"num_threads=1", "num_threads=2"}
-    assert all(v["median_ms"] > 0 for v in variants)
-    assert "num_threads(" in (track / "best.py").read_text()
-
-
 def test_max_minutes_stops_cleanly_and_resume_carries_on(oversub_ws, monkeypatch):
     factory, seen = _scripted([(lambda t: _serial(t.best_text), "serial")])
     monkeypatch.setattr(opt, "_optimizer", factory)

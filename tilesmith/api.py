@@ -54,7 +54,7 @@ class Optimized:
     def __init__(self, compiled, settings, block: bool, workspace):
         self._compiled, self._settings, self._block = compiled, settings, block
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
-        self._ws = Path(workspace) if workspace else paths.home() / "compile" / stamp
+        self._ws = paths.absolute(workspace) if workspace else paths.home() / "compile" / stamp
         self._session = None
         self._calls = 0
         self._done_keys: set[str] = set()

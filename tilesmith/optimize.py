@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tilesmith import runs, store
+from tilesmith import paths, runs, store
 from tilesmith import workspace as wsmod
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.proc import default_spares, keep_spares
@@ -52,6 +52,8 @@ class OptimizeSettings:
             raise TilesmithError(f"unknown optimizer '{s.optimizer}'", code="usage", hint="use --optimizer tuner or agent")
         if s.agency not in ("low", "medium", "high"):
             raise TilesmithError(f"unknown agency '{s.agency}'", code="usage", hint="use low, medium or high")
+        # Recorded in run.json, and read again by `--resume` from wherever the user is then.
+        s.skills = [str(paths.absolute(d)) for d in s.skills]
         if s.loops < 1:
             raise TilesmithError("--loops must be at least 1", code="usage")
         return s
@@ -132,7 +134,7 @@ def optimize(workspace: str | Path = "tilesmith-workspace",
     if resume:
         run["status"], run["ended"] = "running", None
     else:
-        rdir = runs.create_run(asdict(settings), str(Path(workspace).resolve()), ws.environment)
+        rdir = runs.create_run(asdict(settings), str(ws.path), ws.environment)
         run = runs.load_run(rdir.name)
     rid = run["run_id"]
     tracks = {g.key: TrackResult(**{**asdict(TrackResult(g.key, g.kind)), **run["graphs"].get(g.key, {})}) for g in graphs}
@@ -205,7 +207,7 @@ def _select(ws, prefixes: list[str]):
             raise TilesmithError(f"graph {bad[0].short} is not eligible: {bad[0].reason}", code="not-eligible")
         graphs = [g for g in graphs if g.key in chosen]
     if not graphs:
-        raise TilesmithError(f"no eligible graph in {ws.path}", code="no-eligible-graphs",
+        raise TilesmithError(f"no eligible graph in {paths.shown(ws.path)}", code="no-eligible-graphs",
                              hint="`tilesmith capture --json` says why each graph was skipped")
     return graphs
 

@@ -8,9 +8,26 @@ from pathlib import Path
 DEFAULT_WORKSPACE = "tilesmith-workspace"
 
 
+def absolute(path: str | os.PathLike) -> Path:
+    """A path the user gave (`~` expanded), made absolute against the current directory once, at the
+    boundary: worker processes run in folders of their own, where a relative path means something else.
+    Symbolic links are kept as given (no resolve), so messages and records name what the user named."""
+    return Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+
+
+def shown(path: str | os.PathLike) -> str:
+    """A path for a message, the way the user typed it: relative to the current directory when it lies
+    inside it, else absolute."""
+    p = absolute(path)
+    try:
+        return str(p.relative_to(Path.cwd())) or "."
+    except ValueError:
+        return str(p)
+
+
 def home() -> Path:
-    """The tilesmith home folder; read from the environment on every call so tests can move it."""
-    return Path(os.environ.get("TILESMITH_HOME") or Path.home() / ".cache" / "tilesmith")
+    """The tilesmith home folder (absolute); read from the environment on every call so tests can move it."""
+    return absolute(os.environ.get("TILESMITH_HOME") or Path.home() / ".cache" / "tilesmith")
 
 
 def runs_dir() -> Path:

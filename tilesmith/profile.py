@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tilesmith import paths
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.proc import calm_spares
 
@@ -49,7 +50,7 @@ class Profile:
 def profile_graph(graph_dir: str | Path, source_text: str | None = None, *, timeout_s: float = 900,
                   calls: int = 20) -> Profile:
     """Profile the captured wrapper (or `source_text`, a rewrite of it) on the captured inputs."""
-    gdir = Path(graph_dir)
+    gdir = paths.absolute(graph_dir)
     with tempfile.TemporaryDirectory(prefix="tilesmith-profile-") as tmp:
         src_file = Path(tmp) / "source.py"
         src_file.write_text(source_text if source_text is not None else (gdir / "wrapper.py").read_text())

@@ -9,6 +9,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tilesmith import paths
 from tilesmith.errors import TilesmithError
 from tilesmith.workspace import load_graph_json
 
@@ -28,7 +29,7 @@ class ReplayResult:
 
 def replay(graph_dir: str | Path, *, timeout_s: float = 600.0, atol: float = 1e-5) -> ReplayResult:
     """Replay one captured graph in a subprocess; `ok` when every output matches within `atol`."""
-    gdir = Path(graph_dir)
+    gdir = paths.absolute(graph_dir)
     meta = load_graph_json(gdir)
     cmd = [sys.executable, "-m", "tilesmith.replay", str(gdir), str(atol)]
     try:

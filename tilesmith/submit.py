@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tilesmith import runs
+from tilesmith import paths, runs
 from tilesmith.errors import TilesmithError
 from tilesmith.workspace import load_graph_json, write_json
 
@@ -33,13 +33,13 @@ def submit(graph_dir: str | Path, candidate_path: str | Path, policy=None) -> Su
     from tilesmith.gate import judge
     from tilesmith.gate.verdict import Policy
 
-    gdir = Path(graph_dir)
+    gdir = paths.absolute(graph_dir)
     meta = load_graph_json(gdir)
-    cand = Path(candidate_path)
+    cand = paths.absolute(candidate_path)
     try:
         text = cand.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise TilesmithError(f"cannot read the candidate {cand}: {e}", code="candidate-unreadable",
+        raise TilesmithError(f"cannot read the candidate {paths.shown(cand)}: {e}", code="candidate-unreadable",
                              hint="pass the path of a Python wrapper file") from None
     policy = policy or Policy()
     key = meta["key"]

@@ -8,6 +8,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from tilesmith import paths
 from tilesmith.errors import TilesmithError
 
 WORKSPACE_FILE = "workspace.toml"
@@ -91,13 +92,13 @@ def save(ws: Workspace) -> None:
 
 def load(path: Path | str) -> Workspace:
     """Read a workspace; a missing or corrupt workspace.toml is a TilesmithError saying what to do."""
-    path = Path(path)
+    path = paths.absolute(path)
     f = path / WORKSPACE_FILE
     if not f.exists():
         hint = "run `tilesmith capture SCRIPT` first, or pass --workspace DIR"
         if (path / "graphs").is_dir():
             hint = "the capture that wrote it did not finish; capture again with --force"
-        raise TilesmithError(f"no workspace at {path} ({WORKSPACE_FILE} is missing)", code="no-workspace", hint=hint)
+        raise TilesmithError(f"no workspace at {paths.shown(path)} ({WORKSPACE_FILE} is missing)", code="no-workspace", hint=hint)
     try:
         d = tomllib.loads(f.read_text())
         names = {x.name for x in fields(GraphInfo)}
@@ -105,7 +106,7 @@ def load(path: Path | str) -> Workspace:
         return Workspace(path=path, graphs=graphs, **{k: v for k, v in d.items() if k in {x.name for x in fields(Workspace)}})
     except (tomllib.TOMLDecodeError, TypeError) as e:
         raise TilesmithError(
-            f"{f} is corrupt: {e}", code="corrupt-workspace", hint="capture again with --force"
+            f"{paths.shown(f)} is corrupt: {e}", code="corrupt-workspace", hint="capture again with --force"
         ) from None
 
 
@@ -114,10 +115,10 @@ def load_graph_json(gdir: Path | str) -> dict:
     try:
         return json.loads(f.read_text())
     except FileNotFoundError:
-        raise TilesmithError(f"{gdir} is not a captured graph ({GRAPH_FILE} is missing)", code="no-graph",
+        raise TilesmithError(f"{paths.shown(gdir)} is not a captured graph ({GRAPH_FILE} is missing)", code="no-graph",
                              hint="pass a folder under <workspace>/graphs/") from None
     except json.JSONDecodeError as e:
-        raise TilesmithError(f"{f} is corrupt: {e}", code="corrupt-graph", hint="capture again") from None
+        raise TilesmithError(f"{paths.shown(f)} is corrupt: {e}", code="corrupt-graph", hint="capture again") from None
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -10,6 +10,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilesmith import paths
 from tilesmith import workspace as wsmod
 from tilesmith.errors import TilesmithError
 from tilesmith.workspace import GraphInfo, Workspace
@@ -40,9 +41,9 @@ def capture(script: str | Path, argv: list[str] | None = None, workspace: str | 
     script = Path(script)
     argv = list(argv or [])
     if not script.is_file():
-        raise TilesmithError(f"script not found: {script}", code="script-not-found",
+        raise TilesmithError(f"script not found: {paths.shown(script)}", code="script-not-found",
                              hint="pass the path of a Python script, e.g. `tilesmith capture train.py -- --epochs 1`")
-    ws_path = Path(workspace)
+    ws_path = paths.absolute(workspace)
     previous = _prepare_workspace(ws_path, force=force, append=append)
 
     from tilesmith.capture.session import CaptureSession
@@ -117,16 +118,16 @@ def _prepare_workspace(ws_path: Path, *, force: bool, append: bool) -> Workspace
     if force and append:
         raise TilesmithError("--force and --append contradict each other", code="usage", hint="pick one")
     if ws_path.exists() and not ws_path.is_dir():
-        raise TilesmithError(f"{ws_path} exists and is not a folder", code="workspace-exists",
+        raise TilesmithError(f"{paths.shown(ws_path)} exists and is not a folder", code="workspace-exists",
                              hint="pass another --workspace")
     if ws_path.exists() and any(ws_path.iterdir()):
         if append:
             return wsmod.load(ws_path)
         if not force:
-            raise TilesmithError(f"workspace {ws_path} already exists", code="workspace-exists",
+            raise TilesmithError(f"workspace {paths.shown(ws_path)} already exists", code="workspace-exists",
                                  hint="use --force to replace it, --append to add to it, or --workspace DIR")
         if not (ws_path / wsmod.WORKSPACE_FILE).exists() and not (ws_path / "graphs").exists():
-            raise TilesmithError(f"{ws_path} is not a tilesmith workspace; refusing to delete it",
+            raise TilesmithError(f"{paths.shown(ws_path)} is not a tilesmith workspace; refusing to delete it",
                                  code="workspace-exists", hint="pass another --workspace")
         shutil.rmtree(ws_path)
     try:
@@ -135,7 +136,7 @@ def _prepare_workspace(ws_path: Path, *, force: bool, append: bool) -> Workspace
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise TilesmithError(f"cannot write the workspace {ws_path}: {e.strerror}", code="workspace-unwritable",
+        raise TilesmithError(f"cannot write the workspace {paths.shown(ws_path)}: {e.strerror}", code="workspace-unwritable",
                              hint="pass a writable --workspace DIR") from None
     return None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tilesmith import environment, runtime, source
+from tilesmith import environment, paths, runtime, source
 from tilesmith.capture import tensors
 from tilesmith.runtime import hook
 from tilesmith.workspace import DATA_FILE, GRAPH_FILE, WRAPPER_FILE, GraphInfo, graph_dir, write_json
@@ -34,7 +34,7 @@ class CaptureSession:
     records_inductor_code = True  # the runtime stands aside while a capture records Inductor's own code
 
     def __init__(self, ws_path: Path, max_input_bytes: int, on_graph=None):
-        self.ws_path = Path(ws_path)
+        self.ws_path = paths.absolute(ws_path)
         self.max_input_bytes = max_input_bytes
         self.on_graph = on_graph or (lambda info: None)
         self.env = environment.fingerprint()

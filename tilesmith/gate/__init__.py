@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+from tilesmith import paths
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.original import Reference, load_raw, rotating, save_sets
 from tilesmith.gate.proc import calm_spares, refill_spares, usable_cores
@@ -31,12 +32,12 @@ def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=N
     """
     policy = policy or Policy()
     t0 = time.monotonic()
-    gdir = Path(graph_dir)
+    gdir = paths.absolute(graph_dir)  # workers run in folders of their own: no relative path reaches them
     meta = load_graph_json(gdir)
     try:
-        raw = Path(candidate_path).read_bytes()
+        raw = paths.absolute(candidate_path).read_bytes()
     except OSError as e:
-        raise TilesmithError(f"cannot read the candidate {candidate_path}: {e.strerror}", code="no-candidate",
+        raise TilesmithError(f"cannot read the candidate {paths.shown(candidate_path)}: {e.strerror}", code="no-candidate",
                              hint="pass the path of a Python file defining call(args)") from None
     mode = resolve_mode(policy.mode, meta)
     v = Verdict(False, "static", meta.get("key", gdir.name), hashlib.sha256(raw).hexdigest(),

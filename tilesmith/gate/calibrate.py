@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilesmith import paths
 from tilesmith.gate.verdict import Policy
 
 
@@ -56,7 +57,7 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
     from tilesmith.gate.proc import Worker
 
     t0 = time.monotonic()
-    gdir = Path(graph_dir)
+    gdir = paths.absolute(graph_dir)
     data = loading.load_graph_data(gdir, device_map="cpu")
     mode = resolve_mode(policy.mode, data.meta)
     device = _device(data.meta)

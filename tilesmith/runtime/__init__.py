@@ -236,6 +236,18 @@ def _default_cache_dirs() -> tuple[str, ...]:
 def enable() -> None:
     """Register the substitution handler (done on import; calling it again does nothing)."""
     hook.add_handler(_handle)
+    _verbose_logging()
+
+
+def _verbose_logging() -> None:
+    """TILESMITH_RUNTIME_VERBOSE=1: one line on stderr per graph loaded from the store, so a user can see
+    the runtime at work without changing the program (the library never prints otherwise)."""
+    if os.environ.get("TILESMITH_RUNTIME_VERBOSE", "").strip() in ("", "0") or log.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
 
 def disable() -> None:

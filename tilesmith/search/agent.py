@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tilesmith import paths
 from tilesmith.errors import TilesmithError
 from tilesmith.search.agent_budget import ModelCallBudget
 from tilesmith.search.agent_loop import RECURSION_LIMIT, Host, guard_best, run_loop
@@ -69,9 +70,9 @@ def run_track(track, settings, submit: Callable[[Candidate], dict], *, loops_don
 def _skill_dirs(extra: list[str]) -> list[Path]:
     dirs = [builtin_skills_dir()]
     for d in extra:
-        p = Path(d).expanduser()
+        p = paths.absolute(d)
         if not p.is_dir():
-            raise TilesmithError(f"skills folder {p} does not exist", code="usage",
+            raise TilesmithError(f"skills folder {paths.shown(p)} does not exist", code="usage",
                                  hint="--skills takes a folder holding SKILL.md, or a folder of such folders")
         dirs.append(p)
     return dirs

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from tilesmith import paths
 from tilesmith_cli import console
 
 
@@ -40,7 +41,7 @@ def capture(
     else:
         rows = [[g.short, g.kind, g.device, g.compile_mode, _kernels(g.kernels),
                  "yes" if g.eligible else f"no: {g.reason}"] for g in ws.graphs]
-        console.out.print(console.table(f"{len(ws.graphs)} graph(s) in {ws.path}",
+        console.out.print(console.table(f"{len(ws.graphs)} graph(s) in {paths.shown(ws.path)}",
                                         ["graph", "kind", "device", "mode", "kernels", "eligible"], rows))
     if result.script_error:
         console.err.print(f"[red]error:[/red] {script} raised; kept the {len(ws.graphs)} graph(s) captured before it:",
