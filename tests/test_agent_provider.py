@@ -16,7 +16,7 @@ from tests.agent_helpers import capture_two_matmuls  # noqa: E402
 from tilesmith import runs  # noqa: E402
 from tilesmith.errors import TilesmithError  # noqa: E402
 from tilesmith.optimize import OptimizeSettings, optimize  # noqa: E402
-from tilesmith.search.agent_provider import OPENAI_URL, Provider, check_provider, web_search_on  # noqa: E402
+from tilesmith.search.agent.provider import OPENAI_URL, Provider, check_provider, web_search_on  # noqa: E402
 
 KEY = "sk-local-test"
 
@@ -166,7 +166,7 @@ def test_web_search_binds_the_providers_tool_through_the_responses_api(slow_ws, 
     import threading
 
     from tilesmith.optimize import _Track
-    from tilesmith.search.agent import run_track
+    from tilesmith.search.agent.optimizer import run_track
 
     (g,) = sorted((slow_ws / "graphs").iterdir())
     track = _Track(runs.create_run({}, str(slow_ws), {}).name, g.name, g, None, threading.Event())

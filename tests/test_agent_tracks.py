@@ -15,7 +15,7 @@ from tests import agent_helpers as H  # noqa: E402
 from tests.fakes.chat import ScriptedChatModel, ai, first_human, tc, text  # noqa: E402
 from tilesmith import runs, store  # noqa: E402
 from tilesmith.optimize import OptimizeSettings, optimize  # noqa: E402
-from tilesmith.search.agent_provider import register_model  # noqa: E402
+from tilesmith.search.agent.provider import register_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ def test_interrupt_or_time_limit_ends_the_agent_turn_at_its_next_model_call(slow
     import threading
 
     from tilesmith.optimize import _Track
-    from tilesmith.search.agent import run_track
+    from tilesmith.search.agent.optimizer import run_track
 
     stop = threading.Event()
 
@@ -259,7 +259,7 @@ def test_ctrl_c_during_an_agent_turn_ends_the_run_as_interrupted_and_keeps_the_v
 
 
 def test_summarization_calls_are_charged_to_the_same_budget():
-    from tilesmith.search.agent_budget import BudgetExhausted, ModelCallBudget, SummaryBudgetCallback
+    from tilesmith.search.agent.budget import BudgetExhausted, ModelCallBudget, SummaryBudgetCallback
 
     budget = ModelCallBudget(2)
     cb = SummaryBudgetCallback(budget)
@@ -273,7 +273,7 @@ def test_summarization_calls_are_charged_to_the_same_budget():
 
 
 def test_the_outer_loop_is_a_langgraph_graph_of_turn_gate_and_decide():
-    from tilesmith.search.agent_loop import ENDINGS, LoopState, decide, loop_graph
+    from tilesmith.search.agent.loop import ENDINGS, LoopState, decide, loop_graph
 
     compiled = loop_graph()
     g = compiled.get_graph()

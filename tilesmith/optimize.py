@@ -126,7 +126,7 @@ def optimize(workspace: str | Path = "tilesmith-workspace",
     ws = wsmod.load(workspace)
     graphs = _select(ws, settings.graphs)
     if settings.optimizer == "agent":  # a missing key or unknown model is an error before any work
-        from tilesmith.search.agent_provider import check_provider
+        from tilesmith.search.agent.provider import check_provider
 
         check_provider(settings)
     if resume:
@@ -349,7 +349,7 @@ def _credit(t: TrackResult, vd: dict, loop: int) -> None:
 
 def _agent():
     try:
-        from tilesmith.search import agent
+        from tilesmith.search.agent import optimizer as agent
     except ImportError as e:
         raise TilesmithError(f"the agent optimizer is not available: {e}", code="no-agent",
                              hint="use --optimizer tuner (no model needed)") from None

@@ -27,8 +27,8 @@ from langgraph.runtime import Runtime
 
 from tilesmith import runs
 from tilesmith.errors import TilesmithError
-from tilesmith.search.agent_budget import BLOCKED_PREFIX, BudgetExhausted, ModelCallBudget, SummaryBudgetCallback
-from tilesmith.search.agent_provider import Provider
+from tilesmith.search.agent.budget import BLOCKED_PREFIX, BudgetExhausted, ModelCallBudget, SummaryBudgetCallback
+from tilesmith.search.agent.provider import Provider
 from tilesmith.search.tuner import Candidate
 from tilesmith.workspace import write_json
 
@@ -132,7 +132,7 @@ def agent_turn(s: LoopState, runtime: Runtime[Host]) -> dict:
     """One agent turn on a fresh attempt (a copy of the source judged last), to its final answer."""
     from langchain_core.messages import HumanMessage
 
-    from tilesmith.search.agent_trace import TurnTrace
+    from tilesmith.search.agent.trace import TurnTrace
 
     host = runtime.context
     state, track, budget = host.state, host.state.track, host.budget
@@ -199,7 +199,7 @@ def _turn_message(state, settings, budget: ModelCallBudget, accepted: int, feedb
 
 
 def _verdict_message(vd: dict) -> str:
-    from tilesmith.search.agent_tools import _compact_verdict
+    from tilesmith.search.agent.tools import _compact_verdict
 
     tm = (vd.get("confirmation") or vd.get("first") or {}).get("timing") or {}
     if vd.get("accepted"):

@@ -57,7 +57,7 @@ def make_tools(state, settings) -> list:
         pol = Policy(min_improvement=settings.min_improvement, seed=50_000 + state.evaluations, confirm=False)
         if settings.gate_time_budget_s:
             pol.time_budget_s = settings.gate_time_budget_s
-        from tilesmith.search.agent_loop import guard_best
+        from tilesmith.search.agent.loop import guard_best
 
         guard_best(state.track)
         best = state.track.dir / "best.py"
