@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -132,3 +133,15 @@ class Verdict:
     @property
     def codes(self) -> list[str]:
         return [r.code for r in self.reasons]
+
+
+def compact_verdict(vd: dict) -> dict:
+    """A verdict dict without the raw nanosecond samples (hundreds of numbers a reader, or the agent,
+    does not need); everything else as it was."""
+    out = json.loads(json.dumps(vd))
+    for p in ("first", "confirmation"):
+        t = (out.get(p) or {}).get("timing")
+        if t:
+            t.pop("baseline_ns", None)
+            t.pop("candidate_ns", None)
+    return out

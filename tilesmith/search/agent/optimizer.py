@@ -19,11 +19,11 @@ from typing import Callable
 
 from tilesmith.errors import TilesmithError
 from tilesmith.search.agent.budget import ModelCallBudget
-from tilesmith.search.agent.loop import RECURSION_LIMIT, Host, guard_best, run_loop
+from tilesmith.search.agent.loop import RECURSION_LIMIT, Host, run_loop
 from tilesmith.search.agent.provider import WEB_SEARCH_TOOL, chat_model, check_provider
-from tilesmith.search.tuner import Candidate
+from tilesmith.search import Candidate
 
-__all__ = ["run_track", "check_provider", "AgentConfig", "builtin_skills_dir", "guard_best", "RECURSION_LIMIT"]
+__all__ = ["run_track", "check_provider", "AgentConfig", "builtin_skills_dir", "RECURSION_LIMIT"]
 
 
 @dataclass
