@@ -60,7 +60,7 @@ class Host:
     """What the nodes use besides the state: the LangGraph context of one track's run."""
 
     agent: object  # the compiled Deep Agent
-    state: object  # agent._TrackState: the track, the current attempt
+    state: object  # optimizer._TrackState: the track, the current attempt
     settings: object
     budget: ModelCallBudget
     provider: Provider

@@ -32,7 +32,7 @@ def profile_table(p) -> str:
 
 
 def make_tools(state, settings) -> list:
-    """`state` (agent._TrackState) knows the graph, the current attempt and the best source so far."""
+    """`state` (optimizer._TrackState) knows the graph, the current attempt and the best source so far."""
 
     @tool
     def evaluate() -> str:
