@@ -14,15 +14,6 @@ from pathlib import Path
 FIXTURE = Path(__file__).parent / "fixtures" / "slow_two_matmuls.py"
 
 
-def capture_two_matmuls(tmp_path_factory, *args: str) -> Path:
-    """A workspace holding the slow_two_matmuls graph (captured in a fresh interpreter)."""
-    from tests.conftest import run_capture_subprocess
-
-    ws = tmp_path_factory.mktemp("ws-two-matmuls") / "ws"
-    p = run_capture_subprocess(FIXTURE, ws, *args)
-    assert p.returncode == 0, p.stderr
-    return ws
-
 KERNEL_CALL = re.compile(r"^        (cpp_fused_\w+)\((buf\d+), arg0_1, arg1_1, arg2_1, (buf\d+)\)$", re.M)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 @pytest.fixture(autouse=True)
@@ -59,9 +60,29 @@ def inference_ws(tmp_path_factory, inductor_cache):
 def slow_matmul_graph(tmp_path_factory, inductor_cache):
     """The one graph of tests/fixtures/slow_matmul.py (scalar loops on purpose): the gate's honest win
     (used by tests/test_gate_candidates.py and tests/test_gate_cli.py)."""
-    ws = captured_workspace(tmp_path_factory, "ws-slow-matmul", ROOT / "tests" / "fixtures" / "slow_matmul.py")
+    ws = captured_workspace(tmp_path_factory, "ws-slow-matmul", FIXTURES / "slow_matmul.py")
     (graph,) = sorted((ws / "graphs").iterdir())
     return graph
+
+
+@pytest.fixture(scope="session")
+def two_matmuls_ws(tmp_path_factory, inductor_cache):
+    """tests/fixtures/slow_two_matmuls.py: one scalar C++ kernel, the agent tests' graph (agent_helpers.py)."""
+    return captured_workspace(tmp_path_factory, "ws-two-matmuls", FIXTURES / "slow_two_matmuls.py")
+
+
+@pytest.fixture(scope="session")
+def oversub_ws(tmp_path_factory, inductor_cache):
+    """examples/oversubscribed.py: Inductor's OpenMP thread count is too high, a win the tuner finds."""
+    return captured_workspace(tmp_path_factory, "ws-oversub", EXAMPLES / "oversubscribed.py", "--steps", "1")
+
+
+def pytest_collection_modifyitems(items):
+    """Every capture fixture (and every test that captures) uses `inductor_cache`: those tests are
+    `slow`, like the ones marked by hand for starting workers, so `pytest -m "not slow"` is a fast lane."""
+    for item in items:
+        if "inductor_cache" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_runtest_logreport(report):

@@ -12,18 +12,17 @@ import pytest
 pytest.importorskip("deepagents")
 
 from tests.fakes.openai_stub import StubOpenAI  # noqa: E402
-from tests.agent_helpers import capture_two_matmuls  # noqa: E402
 from tilesmith import runs  # noqa: E402
 from tilesmith.errors import TilesmithError  # noqa: E402
 from tilesmith.optimize import OptimizeSettings, optimize  # noqa: E402
-from tilesmith.search.agent_provider import OPENAI_URL, Provider, check_provider, web_search_on  # noqa: E402
+from tilesmith.search.agent.provider import OPENAI_URL, Provider, check_provider, web_search_on  # noqa: E402
 
 KEY = "sk-local-test"
 
 
 @pytest.fixture(scope="module")
-def slow_ws(tmp_path_factory, inductor_cache):
-    return capture_two_matmuls(tmp_path_factory)
+def slow_ws(two_matmuls_ws):
+    return two_matmuls_ws
 
 
 def _content(m) -> str:
@@ -165,11 +164,11 @@ def responses_route(body: dict) -> dict:
 def test_web_search_binds_the_providers_tool_through_the_responses_api(slow_ws, monkeypatch):
     import threading
 
-    from tilesmith.optimize import _Track
-    from tilesmith.search.agent import run_track
+    from tilesmith.search import Track
+    from tilesmith.search.agent.optimizer import run_track
 
     (g,) = sorted((slow_ws / "graphs").iterdir())
-    track = _Track(runs.create_run({}, str(slow_ws), {}).name, g.name, g, None, threading.Event())
+    track = Track(runs.create_run({}, str(slow_ws), {}).name, g.name, g, None, threading.Event())
     submitted = []  # the host gate's part is not what this test is about: record and reject
     stub = StubOpenAI(responses_route, model="stub-model")
     try:

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("deepagents")
 
-from tilesmith.search.agent_shell import GroupKillShellBackend, shell_env  # noqa: E402
+from tilesmith.search.agent.shell import GroupKillShellBackend, shell_env  # noqa: E402
 
 
 def _alive(pid: int) -> bool:

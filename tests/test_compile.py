@@ -21,6 +21,7 @@ def drive(what: str, device: str = "cpu") -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_compile_optimizes_on_the_first_call_swaps_the_win_in_and_a_second_compile_is_an_exact_hit():
     first = drive("inference")
     assert first["max_error"] < 1e-5
@@ -35,6 +36,7 @@ def test_compile_optimizes_on_the_first_call_swaps_the_win_in_and_a_second_compi
     assert (runs.track_dir(second["run_id"], second["swapped"][0]) / "cache.json").exists()
 
 
+@pytest.mark.slow
 def test_compile_of_a_training_step_optimizes_forward_and_backward_and_gradients_stay_right():
     r = drive("training")
     assert r["max_error"] < 1e-5
@@ -45,6 +47,7 @@ def test_compile_of_a_training_step_optimizes_forward_and_backward_and_gradients
     assert kinds == ["backward", "forward"]
 
 
+@pytest.mark.slow
 def test_background_mode_keeps_calling_inductors_code_and_swaps_the_win_in_when_confirmed():
     r = drive("background")
     assert r["max_error"] < 1e-5 and r["calls_while_optimizing"] > 1 and len(r["swapped"]) == 1

@@ -36,12 +36,9 @@ def slow_graph(slow_matmul_graph) -> Path:
 
 @pytest.fixture(scope="session")
 def bf16_graph(tmp_path_factory, inductor_cache) -> Path:
-    from tests.conftest import ROOT, run_capture_subprocess
+    from tests.conftest import FIXTURES, captured_workspace
 
-    ws = tmp_path_factory.mktemp("ws-bf16") / "ws"
-    p = run_capture_subprocess(ROOT / "tests" / "fixtures" / "bf16_matmul.py", ws, "--device", "cpu")
-    assert p.returncode == 0, p.stderr
-    return h.graph_of(ws)
+    return h.graph_of(captured_workspace(tmp_path_factory, "ws-bf16", FIXTURES / "bf16_matmul.py", "--device", "cpu"))
 
 
 def _judge(graph: Path, text: str, tmp_path: Path, **policy) -> Verdict:
@@ -129,18 +126,24 @@ def test_gate_stops_obvious_cheats_at_the_static_screen(inf_graph, tmp_path, nam
     assert v.first is None and v.wall_s < 10  # nothing ran
 
 
-def test_gate_output_files_contain_raw_tensors_only(inf_graph, tmp_path):
-    """The deciding process never unpickles code from a worker: weights_only loads reject it."""
+def test_the_deciding_process_refuses_code_pickled_into_a_worker_result_file_and_removes_it(tmp_path):
+    """A candidate runs in the worker and could write anything into its result file: the gate's loader
+    unpickles tensors and plain containers only."""
     import pickle
+
+    from tilesmith.gate.original import load_raw
 
     class Evil:
         def __reduce__(self):
             return (print, ("pwned",))
 
     f = tmp_path / "evil.pt"
-    torch.save({"sets": [Evil()]}, f)
+    torch.save({"outputs": [Evil()]}, f)
     with pytest.raises(pickle.UnpicklingError):
-        torch.load(f, weights_only=True)
+        load_raw(f, torch)
+    assert not f.exists()
+    torch.save({"outputs": [torch.ones(2)]}, f)  # raw tensors load
+    assert torch.equal(load_raw(f, torch)["outputs"][0], torch.ones(2))
 
 
 def test_gate_rejects_bfloat16_accumulation_in_a_bfloat16_graph_as_lower_precision(bf16_graph, tmp_path):

@@ -13,6 +13,7 @@ def _wait_ready(spares: proc.Spares) -> list:
     return [s for pool in spares._pool.values() for s in pool]
 
 
+@pytest.mark.slow
 def test_a_started_spare_is_handed_out_once_and_the_pool_refills(tmp_path):
     with proc.keep_spares(1):
         first = proc.start_worker("reference", tmp_path, "cpu")  # none started yet: a new worker
@@ -34,6 +35,7 @@ def test_a_started_spare_is_handed_out_once_and_the_pool_refills(tmp_path):
     assert all(w.proc.poll() is not None for w in workers)  # the unused spare was killed with the block
 
 
+@pytest.mark.slow
 def test_a_spare_started_in_another_environment_is_never_handed_out(tmp_path, monkeypatch):
     with proc.keep_spares(1):
         proc.refill_spares("cpu")

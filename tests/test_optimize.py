@@ -7,7 +7,6 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import EXAMPLES, captured_workspace
 from tilesmith import optimize as opt
 from tilesmith import paths
 from tilesmith import runs
@@ -15,16 +14,11 @@ from tilesmith import workspace as wsmod
 from tilesmith.errors import TilesmithError
 from tilesmith.install import install
 from tilesmith.search import kernels as K
-from tilesmith.search.tuner import Candidate
+from tilesmith.search import Candidate, from_generator
 from tilesmith_cli.app import app
 
 runner = CliRunner()
 FAST_GATE = dict(gate_time_budget_s=4.0)
-
-
-@pytest.fixture(scope="session")
-def oversub_ws(tmp_path_factory, inductor_cache):
-    return captured_workspace(tmp_path_factory, "ws-oversub", EXAMPLES / "oversubscribed.py", "--steps", "1")
 
 
 def _serial(text: str) -> str:
@@ -47,22 +41,23 @@ def _scripted(texts_and_labels):
     """An optimizer that proposes fixed sources in order and records the verdicts it is sent."""
     seen = []
 
-    def factory(settings, track):
-        def gen():
-            for text, label in texts_and_labels:
-                verdict = yield Candidate(text(track), label)
-                seen.append(verdict)
-        return gen()
+    def propose(track, settings):
+        for text, label in texts_and_labels:
+            verdict = yield Candidate(text(track), label)
+            seen.append(verdict)
 
-    return factory, seen
+    return from_generator(propose), seen
 
 
-def test_loops_need_confirmed_wins_and_a_rejected_candidate_keeps_the_same_loop_going(oversub_ws, monkeypatch):
-    factory, seen = _scripted([(lambda t: t.best_text, "the original again"),
+def _nothing_to_try(track, settings):
+    yield from ()
+
+
+def test_loops_need_confirmed_wins_and_a_rejected_candidate_keeps_the_same_loop_going(oversub_ws):
+    scripted, seen = _scripted([(lambda t: t.best_text, "the original again"),
                                (lambda t: _serial(t.best_text), "serial OpenMP regions"),
                                (lambda t: t.best_text, "the accepted source once more")])
-    monkeypatch.setattr(opt, "_optimizer", factory)
-    r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, **FAST_GATE))
+    r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, **FAST_GATE), optimizer=scripted)
     (t,) = r.tracks
     assert [v["accepted"] for v in seen] == [False, True, False]
     assert seen[0]["stage"] == "timing" and seen[0]["reasons"][0]["code"] == "not-faster"
@@ -84,30 +79,30 @@ def test_loops_need_confirmed_wins_and_a_rejected_candidate_keeps_the_same_loop_
 
     # installed with these settings, the same settings are an exact hit: no optimizer runs again
     assert [g.status for g in install(r.run_id).graphs] == ["installed"]
-    monkeypatch.setattr(opt, "_optimizer", lambda s, tr: pytest.fail("an exact hit must not optimize"))
-    again = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, **FAST_GATE))
+    def never(track, settings, submit, *, loops_done=0):
+        pytest.fail("an exact hit must not optimize")
+
+    again = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, **FAST_GATE), optimizer=never)
     assert again.tracks[0].status == "cached"
     cache = json.loads((runs.track_dir(again.run_id, t.key) / "cache.json").read_text())
     assert cache["from_run"] == r.run_id
 
 
-def test_max_minutes_stops_cleanly_and_resume_carries_on(oversub_ws, monkeypatch):
-    factory, seen = _scripted([(lambda t: _serial(t.best_text), "serial")])
-    monkeypatch.setattr(opt, "_optimizer", factory)
-    r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", max_minutes=1e-6, **FAST_GATE))
+def test_max_minutes_stops_cleanly_and_resume_carries_on(oversub_ws):
+    scripted, seen = _scripted([(lambda t: _serial(t.best_text), "serial")])
+    r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", max_minutes=1e-6, **FAST_GATE), optimizer=scripted)
     assert r.status == "interrupted" and r.tracks[0].status in ("interrupted", "pending") and not seen
-    resumed = opt.optimize(resume=r.run_id)
+    resumed = opt.optimize(resume=r.run_id, optimizer=scripted)
     assert resumed.run_id == r.run_id and resumed.status == "complete"
     assert resumed.tracks[0].loops_done == 1 and resumed.tracks[0].candidates == 1
     assert runs.load_run(r.run_id)["status"] == "complete"
 
 
-def test_graphs_option_selects_by_key_prefix_and_refuses_ineligible_or_unknown(training_ws, monkeypatch):
+def test_graphs_option_selects_by_key_prefix_and_refuses_ineligible_or_unknown(training_ws):
     ws = wsmod.load(training_ws)
     chosen = ws.graphs[0].key
-    factory, seen = _scripted([])
-    monkeypatch.setattr(opt, "_optimizer", factory)
-    r = opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", graphs=[chosen[:10]]))
+    scripted, seen = _scripted([])
+    r = opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", graphs=[chosen[:10]]), optimizer=scripted)
     assert [t.key for t in r.tracks] == [chosen] and r.tracks[0].status == "exhausted"
     with pytest.raises(TilesmithError, match="matches 0 graphs"):
         opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", graphs=["ffffffffff"]))
@@ -188,28 +183,34 @@ def test_agent_without_a_model_is_an_error_before_any_run_starts(training_ws, mo
     assert not (tilesmith_home / "runs").exists()
 
 
-def test_ctrl_c_keeps_the_confirmed_win_marks_the_run_interrupted_and_resume_finishes(oversub_ws, monkeypatch):
-    def factory(settings, track):
-        def gen():
-            yield Candidate(_serial(track.best_text), "serial")
-            raise KeyboardInterrupt  # the user presses Ctrl-C while loop 2 is being searched
-        return gen()
+def test_ctrl_c_keeps_the_confirmed_win_marks_the_run_interrupted_and_resume_finishes(oversub_ws):
+    def propose(track, settings):
+        yield Candidate(_serial(track.best_text), "serial")
+        raise KeyboardInterrupt  # the user presses Ctrl-C while loop 2 is being searched
 
-    monkeypatch.setattr(opt, "_optimizer", factory)
     with pytest.raises(KeyboardInterrupt):
-        opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, **FAST_GATE))
+        opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, **FAST_GATE),
+                     optimizer=from_generator(propose))
     (rid,) = [p.name for p in paths.runs_dir().iterdir()]
     run = runs.load_run(rid)
     (t,) = run["graphs"].values()
     assert run["status"] == "interrupted" and t["status"] == "interrupted" and t["loops_done"] == 1
     assert json.loads((runs.track_dir(rid, t["key"]) / "best.json").read_text())["verdict"]["accepted"]
-    monkeypatch.setattr(opt, "_optimizer", lambda s, tr: iter(()))  # nothing more to try
-    resumed = opt.optimize(resume=rid)
+    resumed = opt.optimize(resume=rid, optimizer=from_generator(_nothing_to_try))
     assert resumed.status == "complete" and resumed.tracks[0].loops_done == 1 and resumed.tracks[0].status == "done"
 
 
-def test_jobs_runs_graphs_concurrently_and_every_track_ends(training_ws, monkeypatch):
-    monkeypatch.setattr(opt, "_optimizer", lambda s, tr: iter(()))
-    r = opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", jobs=2))
+def test_jobs_runs_graphs_concurrently_and_every_track_ends(training_ws):
+    import threading
+
+    # Each track's optimizer waits for a second one to be running: only tracks run two at a time pass
+    # (one at a time, the first wait breaks the barrier and every track fails with the reason).
+    meet = threading.Barrier(2, timeout=120)
+
+    def paired(track, settings, submit, *, loops_done=0):
+        meet.wait()
+        return "exhausted", "met another track"
+
+    r = opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", jobs=2), optimizer=paired)
     assert r.status == "complete" and len(r.tracks) == 4
-    assert all(t.status == "exhausted" and t.baseline_ms for t in r.tracks)
+    assert all(t.status == "exhausted" and t.reason == "met another track" and t.baseline_ms for t in r.tracks), r.tracks

@@ -150,13 +150,13 @@ def _check_the_run_improved_a_graph_and_nothing_failed_to_load(home: Path, found
     assert "num_threads(" in (rdir / found["key"] / "best.py").read_text()
 
 
-def test_the_agent_with_a_relative_workspace_gets_its_genuine_edit_accepted(tmp_path, user_env, tmp_path_factory):
+def test_the_agent_with_a_relative_workspace_gets_its_genuine_edit_accepted(tmp_path, user_env, two_matmuls_ws):
     pytest.importorskip("deepagents")
-    from tests.agent_helpers import KERNEL_CALL, all_extern, capture_two_matmuls
+    from tests.agent_helpers import KERNEL_CALL, all_extern
     from tests.fakes.openai_stub import StubOpenAI
 
     cwd = tmp_path / "project"
-    shutil.copytree(capture_two_matmuls(tmp_path_factory), cwd / "ws")
+    shutil.copytree(two_matmuls_ws, cwd / "ws")  # a copy: the session fixture stays as captured
     (gdir,) = (cwd / "ws" / "graphs").iterdir()
     text = (gdir / "wrapper.py").read_text()
     old = KERNEL_CALL.search(text).group(0)

@@ -250,25 +250,18 @@ def test_report_cli_fails_cleanly_when_the_html_file_cannot_be_written(runs_home
 
 # -- the HTML page ---------------------------------------------------------------------------------
 class _Dom(HTMLParser):
-    """Every element's attributes, and the text of the element with id layout-facts."""
+    """Every element's attributes, and all the page's text."""
 
     def __init__(self):
         super().__init__()
         self.elements: list[tuple[str, dict]] = []
-        self.facts = ""
-        self._in_facts = False
+        self.text = ""
 
     def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        self.elements.append((tag, a))
-        self._in_facts = a.get("id") == "layout-facts"
-
-    def handle_endtag(self, tag):
-        self._in_facts = False
+        self.elements.append((tag, dict(attrs)))
 
     def handle_data(self, data):
-        if self._in_facts:
-            self.facts += data
+        self.text += data
 
     def find(self, **want) -> list[dict]:
         return [a for _, a in self.elements if all(a.get(k.replace("_", "-")) == v for k, v in want.items())]
@@ -308,7 +301,9 @@ def test_html_report_renders_in_chromium_with_three_charts_and_the_numbers_of_th
         assert p.returncode == 0, p.stderr[-2000:]
         dom = _Dom()
         dom.feed(p.stdout)
-        facts = json.loads(dom.facts)["charts"]  # written by the page's script after layout
+        (el,) = dom.find(id="layout-facts")  # written by the page's script after layout, out of sight
+        facts = json.loads(el["data-facts"])["charts"]
+        assert "hidden" in el and "chart-speedup" not in dom.text  # no layout JSON among the words
         assert set(facts) == {"chart-speedup", "chart-candidates", "chart-kernels"}
         assert all(f["width"] > 100 and f["height"] > 20 for f in facts.values()), facts
         # per graph: the table cells hold the JSON's exact values

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, run_capture_subprocess
+from tests.conftest import EXAMPLES, captured_workspace, run_capture_subprocess
 from tilesmith import store
 from tilesmith.workspace import load as load_ws
 
@@ -78,18 +78,12 @@ def warnings_in(p) -> list[str]:
 # -- fixtures --------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def slow_ws(tmp_path_factory, inductor_cache):
-    ws = tmp_path_factory.mktemp("ws-slow") / "ws"
-    p = run_capture_subprocess(SLOW, ws, "--slow")
-    assert p.returncode == 0, p.stderr
-    return ws
+    return captured_workspace(tmp_path_factory, "ws-slow", SLOW, "--slow")
 
 
 @pytest.fixture(scope="session")
 def fast_ws(tmp_path_factory, inductor_cache):
-    ws = tmp_path_factory.mktemp("ws-fast") / "ws"
-    p = run_capture_subprocess(SLOW, ws)
-    assert p.returncode == 0, p.stderr
-    return ws
+    return captured_workspace(tmp_path_factory, "ws-fast", SLOW)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ def test_the_autoload_pth_imports_the_runtime_only_when_tilesmith_runtime_is_set
     assert p.stdout.split() == [str(loaded), "False"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["wheel", "editable"])
 def test_both_a_wheel_and_an_editable_install_ship_the_pth_at_the_site_packages_root(tmp_path, kind):
     # Build from a copy of the sources, so no build folder lands in the checkout.

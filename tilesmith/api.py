@@ -15,13 +15,17 @@ import datetime as _dt
 import threading
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tilesmith import paths
 from tilesmith.errors import TilesmithError
 
+if TYPE_CHECKING:  # names only: importing tilesmith stays cheap
+    from tilesmith.optimize import Agency, OptimizerName
 
-def compile(model, *, example_inputs, agency: str = "medium", loops: int = 1, max_model_calls: int | None = None,
-            optimizer: str | None = None, block: bool = True, mode: str | None = None, options: dict | None = None,
+
+def compile(model, *, example_inputs, agency: Agency = "medium", loops: int = 1, max_model_calls: int | None = None,
+            optimizer: OptimizerName | None = None, block: bool = True, mode: str | None = None, options: dict | None = None,
             fullgraph: bool = False, dynamic: bool | None = None, max_minutes: float | None = None,
             workspace: str | Path | None = None, gate_time_budget_s: float | None = None):
     """torch.compile(model, ...) plus tilesmith on its first real call; see the module docstring.
@@ -96,11 +100,11 @@ class Optimized:
     # -- capture -----------------------------------------------------------------------------
     def _start_capture(self) -> None:
         try:
-            from tilesmith.capture import _prepare_workspace
+            from tilesmith.capture import prepare_workspace
             from tilesmith.capture.session import CaptureSession
             from tilesmith.runtime import hook
 
-            _prepare_workspace(self._ws, force=False, append=False)
+            prepare_workspace(self._ws, force=False, append=False)
             self._session = CaptureSession(self._ws, 2 * 1024**3)
             hook.add_handler(self._session)
         except Exception as e:

@@ -24,7 +24,7 @@ def fingerprint() -> dict:
         "cuda_driver": None,
         "gpu": None,
         "gpu_capability": None,
-        "numerics": _numerics_flags(torch),
+        "numerics": numerics_flags(torch),
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -43,7 +43,7 @@ def _triton_version() -> str | None:
     return getattr(triton, "__version__", None)
 
 
-def _numerics_flags(torch) -> dict:
+def numerics_flags(torch) -> dict:
     """Flags that change results of the same kernels (TF32, reduced-precision reductions, determinism)."""
     matmul = torch.backends.cuda.matmul
     return {

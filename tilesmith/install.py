@@ -45,7 +45,7 @@ def install(run_id: str | None = None, *, dry_run: bool = False, force: bool = F
     rid = run["run_id"]
     rdir = paths.run_dir(rid)
     result = InstallResult(rid, dry_run)
-    tracks = sorted(p for p in rdir.iterdir() if p.is_dir() and store._KEY_RX.match(p.name))
+    tracks = sorted(p for p in rdir.iterdir() if p.is_dir() and store.is_key(p.name))
     for t in tracks:
         result.graphs.append(_install_track(run, t, dry_run=dry_run, force=force))
     return result

@@ -15,20 +15,24 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, Literal
 
 from tilesmith import paths, runs, store
 from tilesmith import workspace as wsmod
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.proc import default_spares, keep_spares
+from tilesmith.search import Candidate, Optimizer, Track
 from tilesmith.workspace import write_json
 
 FINAL = ("done", "exhausted", "cached", "failed")
+OptimizerName = Literal["auto", "tuner", "agent"]
+Agency = Literal["low", "medium", "high"]
 
 
 @dataclass
 class OptimizeSettings:
-    optimizer: str = "auto"  # auto | tuner | agent (auto: the agent when a model is configured)
-    agency: str = "medium"  # low | medium | high (the agent's freedom; recorded for the tuner)
+    optimizer: OptimizerName = "auto"  # auto: the agent when a model is configured
+    agency: Agency = "medium"  # the agent's freedom; recorded for the tuner
     loops: int = 1
     max_model_calls: int | None = None
     model: str | None = None
@@ -91,52 +95,39 @@ class OptimizeResult:
         return asdict(self)
 
 
-class _Track:
-    """What an optimizer sees of one graph: its folder, the best source so far, the profile."""
+@dataclass
+class _Run:
+    """One optimize run as its tracks see it: what every track's steps share."""
 
-    def __init__(self, run_id: str, key: str, graph_dir: Path, deadline: float | None, stop: threading.Event):
-        self.run_id, self.key, self.graph_dir = run_id, key, graph_dir
-        self.dir = runs.track_dir(run_id, key)
-        self.profiles = self.dir / "profiles"
-        self.profiles.mkdir(parents=True, exist_ok=True)
-        self.best_text = (graph_dir / wsmod.WRAPPER_FILE).read_text()
-        self.profile = None
-        self._deadline, self._stop = deadline, stop
-        self._log = self.profiles / "tuner_variants.jsonl"
-
-    def record(self, event: dict) -> None:
-        with self._log.open("a") as f:
-            f.write(json.dumps({"t": runs.now_iso(), **event}) + "\n")
+    run_id: str
+    ws: wsmod.Workspace
+    settings: OptimizeSettings
+    optimizer: Optimizer | None  # None: the one settings.optimizer names, loaded when a track needs it
+    deadline: float | None  # time.monotonic() when --max-minutes is up
+    stop: threading.Event  # set on Ctrl-C: tracks stop at their next step
+    save: Callable  # save(t: TrackResult | None): run.json with t's row updated
+    note: Callable  # the caller's on_event(kind, **fields)
+    timing_lock: threading.Lock = field(default_factory=threading.Lock)  # measurements never overlap
 
     def expired(self) -> bool:
-        return self._stop.is_set() or (self._deadline is not None and time.monotonic() > self._deadline)
+        return self.stop.is_set() or (self.deadline is not None and time.monotonic() > self.deadline)
 
 
-def optimize(workspace: str | Path = "tilesmith-workspace",
-             settings: OptimizeSettings | None = None, *, resume: str | None = None, on_event=None) -> OptimizeResult:
-    """Optimize every eligible graph of `workspace` (or carry on with run `resume`)."""
+def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSettings | None = None, *,
+             resume: str | None = None, on_event=None, optimizer: Optimizer | None = None) -> OptimizeResult:
+    """Optimize every eligible graph of `workspace` (or carry on with run `resume`).
+
+    `optimizer` replaces the one `settings.optimizer` names (which still labels the run and its
+    artifacts); see tilesmith.search for the contract."""
     note = on_event or (lambda kind, **kw: None)
-    if resume:
-        run = runs.load_run(resume)
-        given = settings
-        settings = OptimizeSettings(**{k: v for k, v in run["settings"].items() if k in OptimizeSettings.__dataclass_fields__})
-        # What limits this session is the caller's, not the interrupted run's.
-        settings.max_minutes = given.max_minutes if given else None
-        settings.jobs = given.jobs if given else settings.jobs
-        workspace = run["workspace"]
-    settings = (settings or OptimizeSettings()).resolved()
+    run, settings, workspace = _start(workspace, settings, resume)
     ws = wsmod.load(workspace)
     graphs = _select(ws, settings.graphs)
-    if settings.optimizer == "agent":  # a missing key or unknown model is an error before any work
-        from tilesmith.search.agent_provider import check_provider
+    if settings.optimizer == "agent" and optimizer is None:  # a missing key or unknown model: an error before any work
+        from tilesmith.search.agent.provider import check_provider
 
         check_provider(settings)
-    if resume:
-        run["status"], run["ended"] = "running", None
-    else:
-        rdir = runs.create_run(asdict(settings), str(ws.path), ws.environment)
-        run = runs.load_run(rdir.name)
-    rid = run["run_id"]
+    run = run or runs.load_run(runs.create_run(asdict(settings), str(ws.path), ws.environment).name)
     tracks = {g.key: TrackResult(**{**asdict(TrackResult(g.key, g.kind)), **run["graphs"].get(g.key, {})}) for g in graphs}
     lock = threading.Lock()
 
@@ -148,53 +139,65 @@ def optimize(workspace: str | Path = "tilesmith-workspace",
 
     for t in tracks.values():
         save(t)
-    note("run", run_id=rid, graphs=len(graphs))
-    deadline = time.monotonic() + settings.max_minutes * 60 if settings.max_minutes else None
-    stop = threading.Event()
-    timing_lock = threading.Lock()  # measurements never overlap: they would disturb each other
-
-    def work(g):
-        t = tracks[g.key]
-        try:
-            _run_track(rid, ws, g, t, settings, deadline, stop, timing_lock, save, note)
-        except Exception as e:  # one graph's failure never ends the run
-            t.status, t.reason = "failed", f"{type(e).__name__}: {e}"[:500]
-            save(t)
-            note("track", key=g.key, track=t)
-
+    note("run", run_id=run["run_id"], graphs=len(graphs))
+    r = _Run(run["run_id"], ws, settings, optimizer,
+             time.monotonic() + settings.max_minutes * 60 if settings.max_minutes else None, threading.Event(), save, note)
     interrupted = False
     try:
         with keep_spares(default_spares()):  # decisions run back to back: workers start ahead of them
-            _work_all(rid, ws, graphs, tracks, settings, deadline, stop, timing_lock, note, work)
+            _work_all(r, graphs, tracks)
     except KeyboardInterrupt:
         interrupted = True
-        stop.set()
+        r.stop.set()
     unfinished = [t for t in tracks.values() if t.status not in FINAL]
     for t in unfinished:
         if t.status == "running":
             t.status = "interrupted"
         save(t)
-    run["status"] = "interrupted" if (interrupted or unfinished) else "complete"
-    run["ended"] = runs.now_iso()
+    run["status"], run["ended"] = "interrupted" if (interrupted or unfinished) else "complete", runs.now_iso()
     save()
     if interrupted:
         raise KeyboardInterrupt
-    return OptimizeResult(rid, run["status"], list(tracks.values()))
+    return OptimizeResult(r.run_id, run["status"], list(tracks.values()))
 
 
-def _work_all(rid, ws, graphs, tracks, settings, deadline, stop, timing_lock, note, work) -> None:
-    order = _order_by_time(rid, ws, [g for g in graphs if tracks[g.key].status not in FINAL], timing_lock, note)
-    if settings.jobs <= 1:
+def _start(workspace, settings: OptimizeSettings | None, resume: str | None):
+    """(run `resume`, marked running again, or None; the resolved settings; the workspace)."""
+    if not resume:
+        return None, (settings or OptimizeSettings()).resolved(), workspace
+    run = runs.load_run(resume)
+    given = settings
+    settings = OptimizeSettings(**{k: v for k, v in run["settings"].items() if k in OptimizeSettings.__dataclass_fields__})
+    # What limits this session is the caller's, not the interrupted run's.
+    settings.max_minutes = given.max_minutes if given else None
+    settings.jobs = given.jobs if given else settings.jobs
+    run["status"], run["ended"] = "running", None
+    return run, settings.resolved(), run["workspace"]
+
+
+def _work_all(r: _Run, graphs, tracks: dict[str, TrackResult]) -> None:
+    order = _order_by_time(r, [g for g in graphs if tracks[g.key].status not in FINAL])
+
+    def work(g):
+        t = tracks[g.key]
+        try:
+            _run_track(r, g, t)
+        except Exception as e:  # one graph's failure never ends the run
+            t.status, t.reason = "failed", f"{type(e).__name__}: {e}"[:500]
+            r.save(t)
+            r.note("track", key=g.key, track=t)
+
+    if r.settings.jobs <= 1:
         for g in order:
-            if stop.is_set() or (deadline and time.monotonic() > deadline):
+            if r.expired():
                 break
             work(g)
     else:
-        pool = ThreadPoolExecutor(settings.jobs)
+        pool = ThreadPoolExecutor(r.settings.jobs)
         try:
             list(pool.map(work, order))
         finally:  # on Ctrl-C: tracks stop at their next step; queued ones never start
-            stop.set()
+            r.stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -212,21 +215,21 @@ def _select(ws, prefixes: list[str]):
     return graphs
 
 
-def _order_by_time(rid, ws, graphs, timing_lock, note):
+def _order_by_time(r: _Run, graphs):
     """Baseline-profile each graph (profiles/baseline.json) and order them biggest share first."""
     from tilesmith.profile import Profile, profile_graph
 
     times = {}
     for g in graphs:
-        f = runs.track_dir(rid, g.key) / "profiles" / "baseline.json"
+        f = runs.track_dir(r.run_id, g.key) / "profiles" / "baseline.json"
         f.parent.mkdir(parents=True, exist_ok=True)
         try:
             if f.exists():
                 p = Profile.from_dict(json.loads(f.read_text()))
             else:
-                note("profile", key=g.key)
-                with timing_lock:
-                    p = profile_graph(ws.graph_dir(g.key))
+                r.note("profile", key=g.key)
+                with r.timing_lock:
+                    p = profile_graph(r.ws.graph_dir(g.key))
                 write_json(f, p.to_dict())
             times[g.key] = p.wall_ms * g.seen
         except TilesmithError:
@@ -254,13 +257,13 @@ def _exact_hit(rid: str, g, settings: OptimizeSettings) -> bool:
     return True
 
 
-def _run_track(rid, ws, g, t: TrackResult, settings, deadline, stop, timing_lock, save, note) -> None:
-    if _exact_hit(rid, g, settings):
+def _run_track(r: _Run, g, t: TrackResult) -> None:
+    if _exact_hit(r.run_id, g, r.settings):
         t.status, t.reason = "cached", "an artifact made with the same settings is installed"
-        save(t)
-        note("track", key=g.key, track=t)
+        r.save(t)
+        r.note("track", key=g.key, track=t)
         return
-    track = _Track(rid, g.key, ws.graph_dir(g.key), deadline, stop)
+    track = Track(r.run_id, g.key, r.ws.graph_dir(g.key), r.deadline, r.stop)
     base = json.loads((track.profiles / "baseline.json").read_text()) if (track.profiles / "baseline.json").exists() else None
     if base:
         from tilesmith.profile import Profile
@@ -271,51 +274,32 @@ def _run_track(rid, ws, g, t: TrackResult, settings, deadline, stop, timing_lock
     if best_file.exists():  # resuming: carry on from the best confirmed source
         track.best_text = best_file.read_text()
     t.status = "running"
-    save(t)
-    note("track", key=g.key, track=t)
-    submit = functools.partial(_submit, rid, g, t, track, settings, timing_lock, save, note)
-    if t.loops_done >= settings.loops:
+    r.save(t)
+    r.note("track", key=g.key, track=t)
+    if t.loops_done >= r.settings.loops:
         t.status = "done"
-    elif settings.optimizer == "agent":  # the agent's own loop (a LangGraph graph) calls submit per turn
-        t.status, t.reason = _agent().run_track(track, settings, submit, loops_done=t.loops_done)
+    else:
+        submit = functools.partial(_submit, r, g, t, track)
+        optimizer = r.optimizer or _named_optimizer(r.settings.optimizer)
+        t.status, t.reason = optimizer(track, r.settings, submit, loops_done=t.loops_done)
         if t.status == "exhausted" and t.loops_done > 0:
             t.status = "done"
-    else:
-        _generator_loop(_optimizer(settings, track), track, settings, t, submit)
-    save(t)
-    note("track", key=g.key, track=t)
+    r.save(t)
+    r.note("track", key=g.key, track=t)
 
 
-def _generator_loop(optimizer, track: _Track, settings, t: TrackResult, submit) -> None:
-    """Drive a generator optimizer (the tuner): each candidate it yields is judged, and the verdict
-    goes back to it through send(); `loops` accepted candidates end the track."""
-    verdict = None
-    while t.loops_done < settings.loops:
-        if track.expired():
-            t.status = "interrupted"
-            return
-        try:
-            cand = optimizer.send(verdict) if verdict is not None else next(optimizer)
-        except StopIteration:
-            t.status = "exhausted" if t.loops_done == 0 else "done"
-            t.reason = "the optimizer has nothing more to try"
-            return
-        verdict = submit(cand)
-    t.status = "done"
-
-
-def _submit(rid, g, t: TrackResult, track: _Track, settings, timing_lock, save, note, cand) -> dict:
+def _submit(r: _Run, g, t: TrackResult, track: Track, cand: Candidate) -> dict:
     """Judge one candidate with the gate (against the best so far), record the verdict under profiles/,
     and on acceptance make it the best so far and credit the loop. Returns the verdict dict."""
     from tilesmith.gate import judge
 
     best_file = track.dir / "best.py"
     n_verdicts = len(list(track.profiles.glob("verdict_*.json")))
-    path = cand.path if getattr(cand, "path", None) else runs.push_attempt(rid, g.key, cand.text)
+    path = cand.path if getattr(cand, "path", None) else runs.push_attempt(r.run_id, g.key, cand.text)
     t.candidates += 1
-    note("candidate", key=g.key, label=cand.label, track=t)
-    with timing_lock:
-        v = judge(track.graph_dir, path, _policy(settings, 1000 + n_verdicts, best_file if best_file.exists() else None))
+    r.note("candidate", key=g.key, label=cand.label, track=t)
+    with r.timing_lock:
+        v = judge(track.graph_dir, path, _policy(r.settings, 1000 + n_verdicts, best_file if best_file.exists() else None))
     vd = v.to_dict()
     vd["label"], vd["written"] = cand.label, runs.now_iso()
     write_json(track.profiles / f"verdict_{n_verdicts:03d}.json", vd)
@@ -323,11 +307,11 @@ def _submit(rid, g, t: TrackResult, track: _Track, settings, timing_lock, save, 
         t.loops_done += 1
         track.best_text = cand.text
         _credit(t, vd, loop=t.loops_done)
-        runs.record_best(rid, g.key, cand.text, vd, str(track.graph_dir), g.kind, asdict(settings))
-        note("accepted", key=g.key, track=t)
+        runs.record_best(r.run_id, g.key, cand.text, vd, str(track.graph_dir), g.kind, asdict(r.settings))
+        r.note("accepted", key=g.key, track=t)
     else:
         t.rejected_by_stage[v.stage] = t.rejected_by_stage.get(v.stage, 0) + 1
-    save(t)
+    r.save(t)
     return vd
 
 
@@ -349,17 +333,15 @@ def _credit(t: TrackResult, vd: dict, loop: int) -> None:
         t.best_ms = t.baseline_ms / t.speedup
 
 
-def _agent():
+def _named_optimizer(name: str) -> Optimizer:
+    """The tuner, or the agent (which runs its own loop: a LangGraph graph that calls submit per turn)."""
+    if name == "tuner":
+        from tilesmith.search.tuner import run_track
+
+        return run_track
     try:
-        from tilesmith.search import agent
+        from tilesmith.search.agent.optimizer import run_track
     except ImportError as e:
         raise TilesmithError(f"the agent optimizer is not available: {e}", code="no-agent",
                              hint="use --optimizer tuner (no model needed)") from None
-    return agent
-
-
-def _optimizer(settings: OptimizeSettings, track: _Track):
-    """The generator optimizer for a track (the tuner; the agent runs its own loop, see _agent)."""
-    from tilesmith.search.tuner import search
-
-    return search(track)
+    return run_track

@@ -19,11 +19,11 @@ th{background:#f4f5fa;font-weight:600}td.num{text-align:right;font-variant-numer
 .cards{display:flex;gap:12px;flex-wrap:wrap}.card{border:1px solid #dde;border-radius:6px;padding:10px 14px;min-width:180px}
 .card b{display:block;font-size:20px}svg.chart{display:block;max-width:100%;height:auto;background:#fbfbfe;border:1px solid #e5e7ef;border-radius:6px;margin:8px 0}
 svg text{font:12px system-ui,sans-serif;fill:#1d2330}code{font-size:12px}
-#layout-facts{white-space:pre-wrap;word-break:break-all;font-size:11px}
 """
 
 # After layout: record each chart's rendered size and mark count, so a headless browser's DOM dump
-# proves the charts were laid out (not just present in the source).
+# proves the charts were laid out (not just present in the source). The facts go into an attribute
+# of a hidden element: they are for tests, not for the reader.
 _SCRIPT = """
 (function(){
   var facts = {charts: {}};
@@ -35,7 +35,7 @@ _SCRIPT = """
     s.setAttribute('data-rendered-height', String(r.height));
   });
   var el = document.getElementById('layout-facts');
-  el.textContent = JSON.stringify(facts);
+  el.setAttribute('data-facts', JSON.stringify(facts));
   el.setAttribute('data-done', '1');
 })();
 """
@@ -68,7 +68,7 @@ def render_html(report: Report) -> str:
                  "profile: each kernel's time, other kernels, and launch overhead (wall minus kernel time).</p>")
     parts.append(_kernel_chart(r))
     parts.append(_kernel_tables(r))
-    parts.append("<pre id='layout-facts' class='muted'></pre>")
+    parts.append("<div id='layout-facts' hidden></div>")
     parts.append(f"<script>{_SCRIPT}</script></body></html>")
     return "\n".join(parts)
 

@@ -84,10 +84,6 @@ def record_best(run_id: str, key: str, source_text: str, verdict: dict, graph_di
     return t / "best.py"
 
 
-def attempt_path(run_id: str, key: str, i: int) -> Path:
-    return track_dir(run_id, key) / "attempts" / f"attempt_{i:02d}.py"
-
-
 def push_attempt(run_id: str, key: str, text: str) -> Path:
     """Add a source to the ring of five: fill 00..04, then drop the oldest and shift the rest down."""
     d = track_dir(run_id, key) / "attempts"

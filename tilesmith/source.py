@@ -45,10 +45,6 @@ def graph_key(canonical_src: str, env: dict) -> str:
     return h.hexdigest()
 
 
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def add_header(fx_program: str, src: str) -> str:
     """Put the FX program above the wrapper as comments between marker lines."""
     body = "\n".join(("# " + line).rstrip() for line in fx_program.strip("\n").splitlines())

@@ -222,6 +222,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def is_key(name: str) -> bool:
+    """A graph key: 64 lowercase hex (also the name of a track folder in a run)."""
+    return bool(_KEY_RX.match(name or ""))
+
+
 def _check_key(key: str) -> None:
-    if not _KEY_RX.match(key or ""):
+    if not is_key(key):
         raise TilesmithError(f"'{key}' is not a graph key (64 lowercase hex)", code="bad-key")

@@ -44,7 +44,7 @@ def capture(script: str | Path, argv: list[str] | None = None, workspace: str | 
         raise TilesmithError(f"script not found: {paths.shown(script)}", code="script-not-found",
                              hint="pass the path of a Python script, e.g. `tilesmith capture train.py -- --epochs 1`")
     ws_path = paths.absolute(workspace)
-    previous = _prepare_workspace(ws_path, force=force, append=append)
+    previous = prepare_workspace(ws_path, force=force, append=append)
 
     from tilesmith.capture.session import CaptureSession
     from tilesmith.runtime import hook
@@ -114,7 +114,8 @@ def _run_as_main(script: Path, argv: list[str]) -> int:
             sys.path.pop(0)
 
 
-def _prepare_workspace(ws_path: Path, *, force: bool, append: bool) -> Workspace | None:
+def prepare_workspace(ws_path: Path, *, force: bool, append: bool) -> Workspace | None:
+    """Make `ws_path` ready for a capture: empty (or replaced with --force), or the workspace to add to."""
     if force and append:
         raise TilesmithError("--force and --append contradict each other", code="usage", hint="pick one")
     if ws_path.exists() and not ws_path.is_dir():

@@ -21,16 +21,6 @@ def snapshot(t: torch.Tensor) -> torch.Tensor:
     return flat.as_strided(t.size(), t.stride(), 0)
 
 
-def to_device(t: torch.Tensor, device) -> torch.Tensor:
-    """Move a snapshot to `device` keeping its strides (a plain .to() would make it contiguous)."""
-    if t.device == torch.device(device):
-        return t
-    if t.numel() == 0:
-        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
-    flat = t.as_strided((span_numel(t),), (1,), 0).to(device)
-    return flat.as_strided(t.size(), t.stride(), 0)
-
-
 def nbytes(t: torch.Tensor) -> int:
     return span_numel(t) * t.element_size()
 

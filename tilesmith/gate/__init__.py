@@ -72,7 +72,8 @@ def resolve_mode(mode: str, meta: dict) -> str:
     return mode
 
 
-def _device(meta: dict) -> str:
+def graph_device(meta: dict) -> str:
+    """The device a captured graph runs on: its first CUDA tensor input's, else cpu."""
     for i in meta.get("inputs", []):
         if i.get("kind") == "tensor" and str(i.get("device", "")).startswith("cuda"):
             return i["device"]
@@ -99,7 +100,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
         data = loading.load_graph_data(gdir, device_map="cpu")
         seeds = [policy.seed, derive_seed(policy.seed, "confirmation") % (1 << 31)]
         sets = {s: make_sets(meta, data.inputs, s, policy.random_sets) for s in seeds}
-    device = _device(meta)
+    device = graph_device(meta)
     pair = (1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1)
     ctx = dict(gdir=gdir, cand=cand, timing_base=timing_base, scratch=scratch, device=device, policy=policy, mode=mode,
                pair=pair, note=note, torch=torch, WorkerFailure=WorkerFailure, clock=clock)

@@ -51,7 +51,7 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
     import torch
 
     from tilesmith import loading
-    from tilesmith.gate import _device, resolve_mode, timing
+    from tilesmith.gate import graph_device, resolve_mode, timing
     from tilesmith.gate.original import rotating, save_sets
     from tilesmith.gate.inputs import make_sets
     from tilesmith.gate.proc import Worker
@@ -60,7 +60,7 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
     gdir = paths.absolute(graph_dir)
     data = loading.load_graph_data(gdir, device_map="cpu")
     mode = resolve_mode(policy.mode, data.meta)
-    device = _device(data.meta)
+    device = graph_device(data.meta)
     sets = make_sets(data.meta, data.inputs, policy.seed, policy.random_sets)
     with tempfile.TemporaryDirectory(prefix="tilesmith-calibrate-") as scratch, \
             Worker("calibration", Path(scratch), device) as w:

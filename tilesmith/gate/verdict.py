@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 STAGES = ("static", "load", "correctness", "timing", "confirmation")
 MODES = ("auto", "launch", "graph")
+Mode = Literal["auto", "launch", "graph"]  # graph: the wrapper replayed from a CUDA graph; auto: as captured
 
 
 def default_min_improvement() -> float:
@@ -23,7 +26,7 @@ class Policy:
     """How strict the gate is and how much time it may spend."""
 
     min_improvement: float = field(default_factory=default_min_improvement)
-    mode: str = "auto"  # auto | launch | graph
+    mode: Mode = "auto"
     seed: int = 0  # input sets of the first pass; confirmation derives its own from it
     random_sets: int = 4  # random input sets (normal, uniform, positive, heavy-tailed), cycled
     confidence: float = 0.995  # one-sided, per look at the timing samples
@@ -132,3 +135,15 @@ class Verdict:
     @property
     def codes(self) -> list[str]:
         return [r.code for r in self.reasons]
+
+
+def compact_verdict(vd: dict) -> dict:
+    """A verdict dict without the raw nanosecond samples (hundreds of numbers a reader, or the agent,
+    does not need); everything else as it was."""
+    out = json.loads(json.dumps(vd))
+    for p in ("first", "confirmation"):
+        t = (out.get(p) or {}).get("timing")
+        if t:
+            t.pop("baseline_ns", None)
+            t.pop("candidate_ns", None)
+    return out

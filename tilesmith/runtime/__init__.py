@@ -217,7 +217,7 @@ def current_environment() -> dict:
         return dict(_static_env)
     import torch
 
-    return {**_static_env, "numerics": environment._numerics_flags(torch)}
+    return {**_static_env, "numerics": environment.numerics_flags(torch)}
 
 
 def _default_cache_dirs() -> tuple[str, ...]:

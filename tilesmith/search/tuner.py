@@ -12,18 +12,11 @@ changed yet."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Generator
 
+from tilesmith.search import Candidate, Track, from_generator
 from tilesmith.search import kernels as K
 from tilesmith.search.measure import screen
-
-
-@dataclass
-class Candidate:
-    text: str  # the full wrapper source (FX header included)
-    label: str  # what changed, for reports
-    path: Path | None = None  # already written into attempts/ (the agent edits its attempt in place)
 
 
 @dataclass
@@ -36,11 +29,11 @@ class TunerConfig:
     graph_min_overhead_share: float = 0.2
 
 
-def search(track, config: TunerConfig | None = None) -> Generator[Candidate, dict, None]:
+def search(track: Track, config: TunerConfig | None = None) -> Generator[Candidate, dict, None]:
     """Yield candidates; receive each one's verdict (dict) through send().
 
-    `track` provides: graph_dir, best_text (current best source), profile (baseline Profile or
-    None), record(event: dict) to log every variant, and expired() for the time limit.
+    Of `track` it uses: graph_dir, best_text (current best source), profile (baseline Profile or
+    None), record(variant) to log every variant, and expired() for the time limit.
     """
     cfg = config or TunerConfig()
     done: set[str] = set()
@@ -93,6 +86,9 @@ def search(track, config: TunerConfig | None = None) -> Generator[Candidate, dic
             verdict = yield Candidate(header + text, label)
             if verdict and verdict.get("accepted"):
                 break
+
+
+run_track = from_generator(lambda track, settings: search(track))  # the tuner as an Optimizer
 
 
 def _split(text: str) -> tuple[str, str]:

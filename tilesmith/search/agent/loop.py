@@ -27,9 +27,9 @@ from langgraph.runtime import Runtime
 
 from tilesmith import runs
 from tilesmith.errors import TilesmithError
-from tilesmith.search.agent_budget import BLOCKED_PREFIX, BudgetExhausted, ModelCallBudget, SummaryBudgetCallback
-from tilesmith.search.agent_provider import Provider
-from tilesmith.search.tuner import Candidate
+from tilesmith.search.agent.budget import BLOCKED_PREFIX, BudgetExhausted, ModelCallBudget, SummaryBudgetCallback
+from tilesmith.search.agent.provider import Provider
+from tilesmith.search import Candidate
 from tilesmith.workspace import write_json
 
 RECURSION_LIMIT = 10**9  # no hidden step cap, inside a turn or across turns: the budget is the bound
@@ -60,7 +60,7 @@ class Host:
     """What the nodes use besides the state: the LangGraph context of one track's run."""
 
     agent: object  # the compiled Deep Agent
-    state: object  # agent._TrackState: the track, the current attempt
+    state: object  # optimizer._TrackState: the track, the current attempt
     settings: object
     budget: ModelCallBudget
     provider: Provider
@@ -132,7 +132,7 @@ def agent_turn(s: LoopState, runtime: Runtime[Host]) -> dict:
     """One agent turn on a fresh attempt (a copy of the source judged last), to its final answer."""
     from langchain_core.messages import HumanMessage
 
-    from tilesmith.search.agent_trace import TurnTrace
+    from tilesmith.search.agent.trace import TurnTrace
 
     host = runtime.context
     state, track, budget = host.state, host.state.track, host.budget
@@ -166,25 +166,11 @@ def agent_turn(s: LoopState, runtime: Runtime[Host]) -> dict:
 def gate(s: LoopState, runtime: Runtime[Host]) -> dict:
     """The host gate judges the attempt the turn left (through the driver, which records the verdict)."""
     host = runtime.context
-    track = host.state.track
-    guard_best(track)
+    host.state.track.restore_best()  # the shell could have rewritten the timing baseline
     text = host.state.attempt.read_text()
     vd = host.submit(Candidate(text, f"agent turn {s['turn']}: {s['final'].strip()[:100]}", host.state.attempt))
     _log(host, "gate", s["turn"], accepted=bool(vd.get("accepted")), stage=vd.get("stage"))
     return {"verdict": vd, "last_text": text}
-
-
-def guard_best(track) -> bool:
-    """The shell is not a sandbox: it could rewrite /best.py, the gate's timing baseline, to make the
-    next candidate look fast. Put back the source the host confirmed; True if it had changed."""
-    best = track.dir / "best.py"
-    if best.exists() and best.read_text() != track.best_text:
-        from tilesmith.workspace import atomic_write_text
-
-        atomic_write_text(best, track.best_text)
-        track.record({"event": "best.py restored: changed outside the host"})
-        return True
-    return False
 
 
 # -- messages and traces ---------------------------------------------------------------------------
@@ -199,7 +185,7 @@ def _turn_message(state, settings, budget: ModelCallBudget, accepted: int, feedb
 
 
 def _verdict_message(vd: dict) -> str:
-    from tilesmith.search.agent_tools import _compact_verdict
+    from tilesmith.gate.verdict import compact_verdict
 
     tm = (vd.get("confirmation") or vd.get("first") or {}).get("timing") or {}
     if vd.get("accepted"):
@@ -208,7 +194,7 @@ def _verdict_message(vd: dict) -> str:
                 f"Find a further, different improvement on top of it.")
     reasons = "; ".join(f"{r.get('code')}: {r.get('message')}" for r in vd.get("reasons", []))
     return (f"The host gate REJECTED your candidate at stage '{vd.get('stage')}': {reasons}\n"
-            f"Verdict: {json.dumps(_compact_verdict(vd))[:6000]}\nFix it or try another idea.")
+            f"Verdict: {json.dumps(compact_verdict(vd))[:6000]}\nFix it or try another idea.")
 
 
 def _text(content) -> str:

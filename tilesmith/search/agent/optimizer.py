@@ -3,7 +3,7 @@ runs a shell, profiles, calls the gate through `evaluate`, delegates to subagent
 with a final answer; the host gate then judges the attempt.
 
 `run_track(track, settings, submit)` sets the track up (provider, skills, the agent) and runs its turns
-as a LangGraph loop (agent_loop.py): `submit` is the optimize driver's judging function, the gate node
+as a LangGraph loop (loop.py): `submit` is the optimize driver's judging function, the gate node
 calls it, and a rejected verdict is the next turn's message. It returns the driver's (status, reason).
 Provider failures that survive the retries raise TilesmithError, which the driver reports as the
 track's reason; confirmed wins are already on disk and stay.
@@ -19,12 +19,12 @@ from typing import Callable
 
 from tilesmith import paths
 from tilesmith.errors import TilesmithError
-from tilesmith.search.agent_budget import ModelCallBudget
-from tilesmith.search.agent_loop import RECURSION_LIMIT, Host, guard_best, run_loop
-from tilesmith.search.agent_provider import WEB_SEARCH_TOOL, chat_model, check_provider
-from tilesmith.search.tuner import Candidate
+from tilesmith.search.agent.budget import ModelCallBudget
+from tilesmith.search.agent.loop import RECURSION_LIMIT, Host, run_loop
+from tilesmith.search.agent.provider import WEB_SEARCH_TOOL, chat_model, check_provider
+from tilesmith.search import Candidate
 
-__all__ = ["run_track", "check_provider", "AgentConfig", "builtin_skills_dir", "guard_best", "RECURSION_LIMIT"]
+__all__ = ["run_track", "check_provider", "AgentConfig", "builtin_skills_dir", "RECURSION_LIMIT"]
 
 
 @dataclass
@@ -42,7 +42,7 @@ class _TrackState:
 
 
 def builtin_skills_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "skills"
+    return Path(__file__).resolve().parents[2] / "skills"
 
 
 def run_track(track, settings, submit: Callable[[Candidate], dict], *, loops_done: int = 0,
@@ -103,9 +103,9 @@ def _build_agent(model, state: _TrackState, settings, budget, cfg: AgentConfig, 
     from langchain.agents.middleware import TodoListMiddleware
     from langgraph.checkpoint.memory import InMemorySaver
 
-    from tilesmith.search.agent_budget import BudgetMiddleware
-    from tilesmith.search.agent_shell import GroupKillShellBackend, shell_env
-    from tilesmith.search.agent_tools import make_tools, system_prompt
+    from tilesmith.search.agent.budget import BudgetMiddleware
+    from tilesmith.search.agent.shell import GroupKillShellBackend, shell_env
+    from tilesmith.search.agent.tools import make_tools, system_prompt
 
     tdir = state.track.dir
     shell = GroupKillShellBackend(root_dir=tdir, virtual_mode=True, inherit_env=False, env=shell_env(tdir),

@@ -21,17 +21,6 @@ AGENCY_RULES = {
 }
 
 
-def _compact_verdict(vd: dict) -> dict:
-    """The verdict without raw nanosecond samples (hundreds of numbers the agent does not need)."""
-    out = json.loads(json.dumps(vd))
-    for p in ("first", "confirmation"):
-        t = (out.get(p) or {}).get("timing")
-        if t:
-            t.pop("baseline_ns", None)
-            t.pop("candidate_ns", None)
-    return out
-
-
 def profile_table(p) -> str:
     rows = [f"wall {p.wall_ms:.4f} ms/call, kernels {p.kernel_ms:.4f} ms, launch overhead "
             f"{p.launch_overhead_ms:.4f} ms ({p.launch_overhead_share:.0%}), device {p.device}"]
@@ -43,7 +32,7 @@ def profile_table(p) -> str:
 
 
 def make_tools(state, settings) -> list:
-    """`state` (agent._TrackState) knows the graph, the current attempt and the best source so far."""
+    """`state` (optimizer._TrackState) knows the graph, the current attempt and the best source so far."""
 
     @tool
     def evaluate() -> str:
@@ -52,14 +41,12 @@ def make_tools(state, settings) -> list:
         stage, reasons, timing with speedup and its lower bound). This is the same gate that will judge
         your final answer (that one also runs a confirmation pass)."""
         from tilesmith.gate import judge
-        from tilesmith.gate.verdict import Policy
+        from tilesmith.gate.verdict import Policy, compact_verdict
 
         pol = Policy(min_improvement=settings.min_improvement, seed=50_000 + state.evaluations, confirm=False)
         if settings.gate_time_budget_s:
             pol.time_budget_s = settings.gate_time_budget_s
-        from tilesmith.search.agent_loop import guard_best
-
-        guard_best(state.track)
+        state.track.restore_best()
         best = state.track.dir / "best.py"
         pol.timing_baseline = str(best) if best.exists() else None
         state.evaluations += 1
@@ -69,7 +56,7 @@ def make_tools(state, settings) -> list:
             return json.dumps({"error": e.message, "hint": e.hint})
         except Exception as e:  # never abort the agent's turn: report and let it carry on
             return json.dumps({"error": f"the gate failed: {type(e).__name__}: {e}"[:2000]})
-        return json.dumps(_compact_verdict(v.to_dict()), indent=1)
+        return json.dumps(compact_verdict(v.to_dict()), indent=1)
 
     @tool
     def profile() -> str:
