@@ -70,9 +70,11 @@ def test_tuner_proposes_the_cuda_graph_variant_only_for_launch_bound_cuda_graphs
     assert not tuner._graphable(track(cuda, 0.9), cfg)  # Inductor replays it already
 
 
-def test_graphed_layout_key_separates_shapes_and_values():
+def test_graphed_layout_key_is_the_arity_and_the_non_tensor_values():
     from tilesmith.cudagraph import _layout
 
     x = torch.ones(3)
     assert _layout([x, 1]) != _layout([x, 2]) and _layout([x, 1]) == _layout([x.clone(), 1])
-    assert _layout([x]) != _layout([torch.ones(4)]) and _layout([[1]]) is None
+    assert _layout([x]) != _layout([x, x]) and _layout([[1]]) is None
+    # Tensor shapes are not part of it: an Inductor wrapper's shapes follow from its size arguments.
+    assert _layout([x]) == _layout([torch.ones(4)])

@@ -85,7 +85,8 @@ _graphed: dict = {}  # key -> tilesmith.cudagraph.Graphed of a substituted artif
 def stats() -> RuntimeStats:
     """A copy of this process's counters: graphs seen, substituted, fallbacks with reasons."""
     with _lock:
-        graphs = {k: {"replays": g.replays, "plain_calls": g.plain_calls, "plain_reasons": g.plain_reasons()}
+        graphs = {k: {"replays": g.replays, "plain_calls": g.plain_calls, "plain_reasons": g.plain_reasons(),
+                      "layouts": g.describe()}
                   for k, g in _graphed.items()}
         return RuntimeStats(_stats.graphs_seen, _stats.substituted, _stats.not_installed,
                             [Fallback(f.key, f.reason) for f in _stats.fallbacks], list(_stats.substituted_keys), graphs)
@@ -169,6 +170,15 @@ def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
         g.compiled_fn_runner = getattr(mod, "runner", None)
     from tilesmith.cudagraph import Graphed
 
+    if isinstance(call, Graphed):
+        # Inputs Inductor marks static (parameters, buffers; saved activations of a backward) are kept
+        # in place across address changes. The artifact replays itself: Inductor's own CUDA graphs
+        # (reduce-overhead) stay off for it, as they do for a graph Inductor cannot replay (the flag
+        # is shared with the rest of this compile, so its backward runs without them too).
+        call.static_hint = frozenset(pc.graph_kwargs.get("static_input_idxs") or ())
+        box = pc.graph_kwargs.get("cudagraphs")
+        if box is not None and bool(box) and hasattr(box, "value"):
+            box.value = False
     with _lock:
         _stats.substituted += 1
         _stats.substituted_keys.append(key)
