@@ -193,7 +193,10 @@ class _Layout:
                 self._join_stream()
                 self.rec = _Record.capture(self, real)
                 del old_graph
-                return self.rec.first_replay(real)
+                out = self.rec.first_replay(real)
+                if self.rec.changed is not None:  # this call is done (the plain call's effect); later ones run plain
+                    self.reason, self.rec = f"the wrapper changes input {self.rec.changed}, which moves between calls", None
+                return out
         except _NotGraphable as e:
             self.reason = str(e)
         except Exception as e:  # noqa: BLE001 - any failure to capture means: run plain
@@ -301,10 +304,11 @@ class _Record:
     def first_replay(self, real: list):
         """The capture's own call: replay, then check that no copied input was changed by the wrapper."""
         self.graph.replay()
+        self.changed = None
         for i in self.copied_idx:
             if not _same(self.own[i], real[i]):
-                real[i].copy_(self.own[i])  # this call's effect is the plain call's; later calls run plain
-                raise _NotGraphable(f"the wrapper changes input {i}, which moves between calls")
+                real[i].copy_(self.own[i])  # the caller's tensor gets the change, as with the plain call
+                self.changed = i
         return self.outputs(real)
 
     def outputs(self, real: list):
