@@ -32,7 +32,7 @@ def make(n_static: int, device: str):
 
     g = torch.Generator().manual_seed(0)
     # Weights of mixed dtypes, as a bf16 model with fp32 norms has: the copy path groups them by dtype.
-    ws = [torch.randn(64, 64, generator=g).to(device, torch.bfloat16 if i % 3 else torch.float32)
+    ws = [torch.randn(64, 64, generator=g).to(device, torch.float32 if i % 3 == 2 else torch.bfloat16)
           for i in range(n_static)]
     xs = [torch.randn(8, 64, generator=g).to(device, torch.bfloat16) for _ in range(2)]  # alternates: copied
 

@@ -40,6 +40,11 @@ def _fresh(inputs, seed: int):
             (x.clone() if isinstance(x, torch.Tensor) else x) for x in inputs]
 
 
+def _close(got, want) -> None:
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_gpu_graphed_replays_give_the_plain_outputs_and_outputs_the_caller_keeps_never_change(launch_graph):
     from tilesmith import loading
 
@@ -104,11 +109,7 @@ def test_gpu_graphed_inputs_that_move_are_recorded_again_then_copied(launch_grap
     sets = [loading.clone_args(_fresh(data.inputs, s)) for s in range(6)]  # all alive: six addresses each
     for k in range(8):
         args = sets[k % len(sets)]
-        got = wrapped.call(list(args))
-        want = plain.call(list(args))
-        for a, b in zip(got, want):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-        del got  # not kept: the graph's own outputs stay handed out
+        _close(wrapped.call(list(args)), plain.call(list(args)))  # outputs not kept: handed out each time
     (lay,) = wrapped.call.describe()
     assert lay["captures"] == 3 and lay["inputs_in_place"] == 0 and lay["inputs_copied"] >= 1, lay
     assert wrapped.call.plain_calls == 1
