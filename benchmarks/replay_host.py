@@ -12,6 +12,7 @@ back to back, one synchronisation at the end, wall / N. Paths:
   copy everything           what the replay did before: every input copied in (one _foreach_copy_
                             per dtype), replay, every output copied out
   plain launches            the function itself
+Then the pieces of a replay one by one (address check, use counts, stream, copy, replay, detach).
 Prints a table and writes JSON; never passes or fails on time.
 """
 
@@ -104,6 +105,32 @@ def paths(fn, ws, xs, torch):
             "plain launches": lambda: fn([flip(), *ws])}, {"lean": lean, "kept": kept, "_keep": static_out}
 
 
+def pieces(fn, ws, xs, torch) -> dict:
+    """Host time of each step of a lean replay on its own (us per call; launches synchronised at the end)."""
+    from tilesmith import cudagraph as cg
+
+    args = [xs[0], *ws]
+    idx = list(range(1, len(args)))
+    ptrs = [None] + [w.data_ptr() for w in ws]
+    st = ws[0].untyped_storage()
+    dst = xs[1].clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dst.add_(1)
+    calls = {
+        f"address check, {len(idx)} inputs (C++)": lambda: cg._ptrs_equal(args, ptrs, idx),
+        "storage use count (one output)": lambda: cg._use_count(st._cdata),
+        "current raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
+        "capturing check": lambda: torch._C._cuda_isCurrentStreamCapturing(),
+        "detach (one output)": lambda: ws[0].detach(),
+        "copy_ (one input)": lambda: dst.copy_(xs[0]),
+        "_foreach_copy_ (one input)": lambda: torch._foreach_copy_([dst], [xs[0]]),
+        "graph.replay() (one kernel)": g.replay,
+        "list(args) + clear": lambda: list(args).clear(),
+    }
+    return {k: statistics.median(per_call_us(c, 2000, 5, torch.cuda.synchronize)) for k, c in calls.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--static", type=int, default=50, help="static inputs (weights) besides the moving one")
@@ -124,13 +151,18 @@ def main() -> int:
         us = per_call_us(call, a.calls, a.reps, torch.cuda.synchronize)
         rows.append({"path": name, "median_us": statistics.median(us), "min_us": min(us), "samples_us": us})
     layouts = {k: keep[k].describe() for k in ("lean", "kept")}
+    parts = pieces(fn, ws, xs, torch)
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "static_inputs": a.static,
-           "calls_per_sample": a.calls, "rows": rows, "lean_layouts": layouts, "date": time.strftime("%Y-%m-%d")}
+           "calls_per_sample": a.calls, "rows": rows, "lean_layouts": layouts, "pieces_us": parts,
+           "date": time.strftime("%Y-%m-%d")}
     print(f"host time per call, {a.static} static inputs + 1 moving, on {doc['device']} (torch {doc['torch']})")
     print(f"{'path':26} {'median us':>10} {'min us':>8}")
     for r in rows:
         print(f"{r['path']:26} {r['median_us']:10.2f} {r['min_us']:8.2f}")
     print(f"lean layouts: {json.dumps(layouts)}")
+    print("pieces of a replay, host us per call:")
+    for k, v in parts.items():
+        print(f"  {k:40} {v:8.2f}")
     Path(a.out).write_text(json.dumps(doc, indent=2))
     return 0
 

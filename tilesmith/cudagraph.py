@@ -130,7 +130,7 @@ class _Layout:
         self.moved: set = set()  # inputs re-recorded once at a new address
         self.copy_out: set = set()  # output positions the caller keeps across calls: copied out
         self.rec = None
-        self.stream = None  # (stream id, device index, device type) of the last replay
+        self.stream = self.raw_stream = None  # the stream of the last replay, and its raw handle
         self.pool = None
         devices = {real[i].device for i in self.tensor_idx}
         if not self.tensor_idx or len(devices) != 1 or next(iter(devices)).type != "cuda":
@@ -171,12 +171,12 @@ class _Layout:
         return rec.outputs(real)
 
     def _join_stream(self) -> None:
-        cur = torch._C._cuda_getCurrentStream(self.dev_idx)
-        if cur != self.stream:
+        raw = torch._C._cuda_getCurrentRawStream(self.dev_idx)  # an int: cheaper than the Stream object
+        if raw != self.raw_stream:
+            cur = torch.cuda.current_stream(self.dev_idx)
             if self.stream is not None:  # the last replay's work (on another stream) comes first
-                prev = torch.cuda.Stream(stream_id=self.stream[0], device_index=self.stream[1], device_type=self.stream[2])
-                torch.cuda.current_stream(self.dev_idx).wait_stream(prev)
-            self.stream = cur
+                cur.wait_stream(self.stream)
+            self.stream, self.raw_stream = cur, raw
 
     def _record(self, real: list):
         if self.records >= MAX_RECORDS:
@@ -229,7 +229,8 @@ class _Record:
         by_dtype: dict = {}
         for i in self.copied_idx:
             by_dtype.setdefault(real[i].dtype, []).append(i)
-        self.copies = [([self.own[i] for i in idxs], idxs) for idxs in by_dtype.values()]
+        self.copies = [([self.own[i] for i in idxs], idxs) for idxs in by_dtype.values() if len(idxs) > 1]
+        self.copy1 = [(self.own[idxs[0]], idxs[0]) for idxs in by_dtype.values() if len(idxs) == 1]
         self.copy_in(real)
         static = [self.own.get(i, x) for i, x in enumerate(real)]
         reserved0 = torch.cuda.memory_reserved(lay.device)
@@ -300,6 +301,8 @@ class _Record:
     def copy_in(self, real: list) -> None:
         for dsts, idxs in self.copies:
             torch._foreach_copy_(dsts, [real[i] for i in idxs])
+        for dst, i in self.copy1:
+            dst.copy_(real[i])
 
     def first_replay(self, real: list):
         """The capture's own call: replay, then check that no copied input was changed by the wrapper."""
