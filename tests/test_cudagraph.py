@@ -25,6 +25,13 @@ def test_graphed_wrapper_passes_the_static_screen_and_other_tilesmith_imports_do
         assert "static-tilesmith" in {f.code for f in screen(h.with_module_code(text, bad))}, bad
 
 
+def test_gate_recognises_a_wrapper_that_replays_itself(inference_ws):
+    from tilesmith.gate import own_replay
+
+    text = (h.graph_of(inference_ws) / "wrapper.py").read_text()
+    assert own_replay(tuner.graphed_text(text)) and not own_replay(text)
+
+
 def test_graphed_makes_the_plain_call_on_cpu_with_the_same_outputs(inference_ws):
     gdir = h.graph_of(inference_ws)
     data = loading.load_graph_data(gdir)

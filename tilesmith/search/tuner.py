@@ -111,8 +111,8 @@ def _ordered(kernels: list, profile) -> list:
 
 GRAPHED_LABEL = "whole call replayed from a CUDA graph (tilesmith.cudagraph)"
 _GRAPHED_IMPORT = "from tilesmith.cudagraph import graphed"
-_GRAPHED_TAIL = ("\n\n# tilesmith: this wrapper's launches replayed from a CUDA graph, inputs copied in and outputs\n"
-                 f"# copied out on the caller's stream (tilesmith/cudagraph.py)\n{_GRAPHED_IMPORT}\ncall = graphed(call)\n")
+_GRAPHED_TAIL = ("\n\n# tilesmith: this wrapper's launches replayed from a CUDA graph on the caller's stream, inputs\n"
+                 f"# read in place where they stay put (tilesmith/cudagraph.py)\n{_GRAPHED_IMPORT}\ncall = graphed(call)\n")
 
 
 GRAPHED_OVER_INDUCTOR_LABEL = ("whole call replayed by tilesmith.cudagraph instead of Inductor's CUDA graphs "
