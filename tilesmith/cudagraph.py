@@ -17,13 +17,15 @@ from them and its own size checks ran at the capture):
 * The second call captures one run into a CUDA graph. Every tensor input is read in place (weights,
   buffers, activations that sit at the same address each step): the graph holds their addresses, and
   each later call checks those addresses in one C++ call. Inputs that moved since the capture are
-  re-recorded in place once; an input that moves again (or any input, once the re-record budget is
-  nearly spent) is copied instead, into a buffer of the graph's own, in one `_foreach_copy_` launch
-  per dtype. In-place updates of weights stay visible, since the graph reads the caller's tensors.
+  re-recorded in place once; an input that moves again is copied instead, into a buffer of the
+  graph's own, in one `_foreach_copy_` launch per dtype. In-place updates of weights stay visible,
+  since the graph reads the caller's tensors.
+* The last capture the budget allows (MAX_RECORDS) copies every input in and every output out, so
+  nothing the caller does later can make it capture again.
 * Outputs are handed out without a copy: fresh tensor objects over the graph's own memory. Before a
   replay overwrites that memory, the storages' reference counts show whether the caller still holds
   any of them: if it does, those outputs are copied out from then on (the caller keeps them across
-  calls) and the graph is re-recorded in a new pool, so what the caller holds never changes. Outputs
+  calls) and the graph is re-recorded around the memory the caller holds, which never changes. Outputs
   that are views of inputs come back as views of the caller's inputs.
 * Each call runs on the caller's current stream; a call on another stream than the last one first
   waits for the last one's work.
@@ -129,6 +131,7 @@ class _Layout:
         self.demoted: set = set()  # inputs copied into the graph's own buffers instead of read in place
         self.moved: set = set()  # inputs re-recorded once at a new address
         self.copy_out: set = set()  # output positions the caller keeps across calls: copied out
+        self.copy_all_out = False  # the last capture: what it can no longer learn, it copies
         self.rec = None
         self.stream = self.raw_stream = None  # the stream of the last replay, and its raw handle
         self.pool = None
@@ -155,10 +158,8 @@ class _Layout:
         if rec is None:
             return self._record(real)
         if not rec.ptrs_ok(real):
-            hint = self.hint
             missed = [i for i in rec.static_idx if real[i].data_ptr() != rec.ptrs[i]]
-            last = self.records >= MAX_RECORDS - 1
-            self.demoted |= {i for i in missed if (i in self.moved and i not in hint) or last}
+            self.demoted |= {i for i in missed if i in self.moved and i not in self.hint}
             self.moved |= set(missed)
             return self._record(real)
         busy = rec.busy_outputs()
@@ -183,6 +184,9 @@ class _Layout:
             self.reason = f"inputs or kept outputs changed after {MAX_RECORDS} captures"
             return _PLAIN
         self.records += 1
+        if self.records == MAX_RECORDS:  # the last capture copies every input in and every output out
+            self.demoted |= {i for i in self.tensor_idx if not _overlapping(real[i])}
+            self.copy_all_out = True
         # The old graph stays alive through the new capture, so their shared pool does too; its outputs
         # are let go first, so the new graph takes the same blocks (outputs that a later graph reads in
         # place keep their addresses), except those the caller still holds.
@@ -195,7 +199,8 @@ class _Layout:
                 del old_graph
                 out = self.rec.first_replay(real)
                 if self.rec.changed is not None:  # this call is done (the plain call's effect); later ones run plain
-                    self.reason, self.rec = f"the wrapper changes input {self.rec.changed}, which moves between calls", None
+                    self.reason = f"the wrapper changes input {self.rec.changed}, which moves between calls"
+                    self.rec = None
                 return out
         except _NotGraphable as e:
             self.reason = str(e)
@@ -221,7 +226,7 @@ class _Record:
         self.static_idx = [i for i in lay.tensor_idx if i not in lay.demoted]
         for i in self.copied_idx:
             x = real[i]
-            if any(s == 0 and n > 1 for s, n in zip(x.stride(), x.shape)):
+            if _overlapping(x):
                 raise _NotGraphable("an input with overlapping memory (a zero stride) moves between calls")
         self.ptrs = [real[i].data_ptr() if i in self.static_idx else None for i in range(len(real))]
         self.own = {i: torch.empty_strided(real[i].shape, real[i].stride(), dtype=real[i].dtype, device=real[i].device)
@@ -275,7 +280,7 @@ class _Record:
         self.handed, self.copied = [], []
         self.copy_pos = {}
         for st, ks, _ in groups.values():
-            if lay.copy_out & set(ks):
+            if lay.copy_all_out or lay.copy_out & set(ks):
                 u8 = torch.empty(0, dtype=torch.uint8, device=lay.device).set_(st)
                 for k in ks:
                     self.copy_pos[k] = len(self.copied)
@@ -348,6 +353,11 @@ def _layout(real: list):
         else:
             return None
     return tuple(parts)
+
+
+def _overlapping(x: torch.Tensor) -> bool:
+    """A zero stride over more than one element: readable in place, not a copy destination."""
+    return any(s == 0 and n > 1 for s, n in zip(x.stride(), x.shape))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
