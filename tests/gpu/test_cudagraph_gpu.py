@@ -133,6 +133,27 @@ def test_gpu_graphed_outputs_that_view_inputs_are_views_of_the_callers_inputs():
     assert g.replays == 3 and g.plain_reasons() == []
 
 
+def test_gpu_graphed_caller_that_keeps_everything_and_moves_everything_settles_on_copies_not_plain_calls():
+    from tilesmith.cudagraph import MAX_RECORDS, graphed
+
+    def fn(args):
+        x, w = args
+        args.clear()
+        return (x @ w, (x @ w).sum(0))
+
+    g = graphed(fn)
+    kept = []
+    for k in range(12):  # every input new and alive, every output kept: the worst caller
+        x, w = torch.randn(8, 16, device="cuda"), torch.randn(16, 4, device="cuda")
+        y, s = g([x, w])
+        torch.testing.assert_close(y, x @ w)
+        kept.append((x, w, y, s, (x @ w).clone()))
+    for x, w, y, s, want in kept:  # nothing the caller kept was overwritten
+        torch.testing.assert_close(y, want)
+    (lay,) = g.describe()
+    assert lay["captures"] <= MAX_RECORDS and g.plain_calls == 1 and g.replays == 11, lay
+
+
 def test_gpu_graphed_wrapper_that_changes_a_moving_input_runs_plain_with_the_plain_effect():
     from tilesmith.cudagraph import graphed
 
