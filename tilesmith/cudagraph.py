@@ -163,7 +163,7 @@ class _Layout:
             self.moved |= set(missed)
             return self._record(real)
         busy = rec.busy_outputs()
-        if busy:  # the caller still holds outputs of the last replay: copy those out, in a new pool
+        if busy:  # the caller still holds outputs of the last replay: copy those out from now on, capture again
             self.copy_out |= busy
             return self._record(real)
         self._join_stream()
