@@ -50,7 +50,7 @@ gpu-test-run:
 	$(GPU_ENV) python3 -m pytest -q -m gpu $(GPU_TESTS) -p no:cacheprovider --basetemp=/tmp/pytest-$(TAG) \
 		--durations=15 --junitxml=$(OUT)/gpu-tests-$(TAG).xml
 
-# MoE first, then the gate calibration with the time left (benchmark.py too with BENCH_SMALL=1):
+# The model suite (MODELS=..., two per call), the replay host time, then the gate calibration with the time left:
 bench-gpu: gpu-deps
 	$(GPU_ENV) OUT=$(OUT) bash benchmarks/gpu_bench.sh
 

@@ -46,15 +46,16 @@ def capture_optimize_install(script: str, script_args: list[str], ws: str, optim
     return run, time.monotonic() - t0
 
 
-def serve(fn, call_args: tuple, sync, out_file: str, extra=None) -> None:
+def serve(fn, call_args: tuple, sync, out_file: str, extra=None, grad: bool = False) -> None:
     """Worker side of `measure_in_processes`: save one output, then time `fn` on request.
 
     Protocol on stdin/stdout, one line each: "time N" -> per-call ms of N back-to-back calls;
-    "quit" -> a JSON line of `extra()` (e.g. runtime stats), then exit.
+    "quit" -> a JSON line of `extra()` (e.g. runtime stats), then exit. grad: run with autograd on
+    (a training step that calls backward itself).
     """
     import torch
 
-    with torch.no_grad():
+    with torch.enable_grad() if grad else torch.no_grad():
         for _ in range(3):  # compile, autotune, record CUDA graphs
             out = fn(*call_args)
         sync()

@@ -25,6 +25,13 @@ def test_graphed_wrapper_passes_the_static_screen_and_other_tilesmith_imports_do
         assert "static-tilesmith" in {f.code for f in screen(h.with_module_code(text, bad))}, bad
 
 
+def test_gate_recognises_a_wrapper_that_replays_itself(inference_ws):
+    from tilesmith.gate import own_replay
+
+    text = (h.graph_of(inference_ws) / "wrapper.py").read_text()
+    assert own_replay(tuner.graphed_text(text)) and not own_replay(text)
+
+
 def test_graphed_makes_the_plain_call_on_cpu_with_the_same_outputs(inference_ws):
     gdir = h.graph_of(inference_ws)
     data = loading.load_graph_data(gdir)
@@ -49,7 +56,7 @@ def test_graphed_runs_plain_for_arguments_it_cannot_key():
     assert len(seen) == 1 and torch.equal(out[0], torch.zeros(1)) and g.plain_calls == 1
 
 
-def test_tuner_proposes_the_cuda_graph_variant_only_for_launch_bound_cuda_graphs(inference_ws, tmp_path):
+def test_tuner_proposes_the_cuda_graph_variant_for_launch_bound_cuda_graphs_also_under_reduce_overhead(inference_ws, tmp_path):
     import json
     import shutil
 
@@ -67,12 +74,15 @@ def test_tuner_proposes_the_cuda_graph_variant_only_for_launch_bound_cuda_graphs
     assert not tuner._graphable(track(cuda, 0.05), cfg)  # kernel-bound: nothing to win
     assert not tuner._graphable(track(cuda, 0.9, tuner.graphed_text(text)), cfg)  # already graphed
     (cuda / "graph.json").write_text(json.dumps({**meta, "device": "cuda:0", "compile_mode": "cudagraphs"}))
-    assert not tuner._graphable(track(cuda, 0.9), cfg)  # Inductor replays it already
+    # Inductor replays it (reduce-overhead): our replay of the same code is tried against Inductor's.
+    assert tuner._graphable(track(cuda, 0.9), cfg) and tuner._graphed_label(track(cuda, 0.9)) != tuner.GRAPHED_LABEL
 
 
-def test_graphed_layout_key_separates_shapes_and_values():
+def test_graphed_layout_key_is_the_arity_and_the_non_tensor_values():
     from tilesmith.cudagraph import _layout
 
     x = torch.ones(3)
     assert _layout([x, 1]) != _layout([x, 2]) and _layout([x, 1]) == _layout([x.clone(), 1])
-    assert _layout([x]) != _layout([torch.ones(4)]) and _layout([[1]]) is None
+    assert _layout([x]) != _layout([x, x]) and _layout([[1]]) is None
+    # Tensor shapes are not part of it: an Inductor wrapper's shapes follow from its size arguments.
+    assert _layout([x]) == _layout([torch.ones(4)])

@@ -7,23 +7,36 @@ A rewritten wrapper (the tuner's `launch-overhead` variant, or an agent's) ends 
 
 and is judged by the gate like any other candidate: it counts only if it is correct on every input set
 and measurably faster in the graph's own timing mode. This is the one tilesmith module a candidate may
-import (the static screen flags every other), because it needs what candidates may not touch: a side
-stream for the warm-up and the capture, an event, and state that outlives a call.
+import (the static screen flags every other), because it needs what candidates may not touch: CUDA
+graph capture, and state that outlives a call.
 
-Per argument layout (shapes, strides, dtypes, device, and every non-tensor argument's value) the first
-call copies the inputs into static buffers, runs the wrapper once on a side stream (lazy
-initialisation), and captures one run into a CUDA graph with a private memory pool. Every later call,
-on the caller's current stream: wait for the previous user of those buffers, copy the inputs in,
-replay, and return fresh copies of the outputs. The graph's own buffers are never handed out, so an
-output the caller keeps is never overwritten by the next call, and nothing is left on another stream.
+A lean replay. Per argument layout (the non-tensor arguments; an Inductor wrapper's tensor shapes follow
+from them and its own size checks ran at the capture):
+
+* The first call is the plain call: it is the warm-up (autotuning, library handles, workspaces).
+* The second call captures one run into a CUDA graph. Every tensor input is read in place (weights,
+  buffers, activations that sit at the same address each step): the graph holds their addresses, and
+  each later call checks those addresses in one C++ call. Inputs that moved since the capture are
+  re-recorded in place once; an input that moves again is copied instead, into a buffer of the
+  graph's own, in one `_foreach_copy_` launch per dtype. In-place updates of weights stay visible,
+  since the graph reads the caller's tensors.
+* The last capture the budget allows (MAX_RECORDS) copies every input in and every output out, so
+  nothing the caller does later can make it capture again.
+* Outputs are handed out without a copy: fresh tensor objects over the graph's own memory. Before a
+  replay overwrites that memory, the storages' reference counts show whether the caller still holds
+  any of them: if it does, those outputs are copied out from then on (the caller keeps them across
+  calls) and the graph is re-recorded around the memory the caller holds, which never changes. Outputs
+  that are views of inputs come back as views of the caller's inputs.
+* Each call runs on the caller's current stream; a call on another stream than the last one first
+  waits for the last one's work.
 
 It makes the plain call instead (the wrapper's own launches, the same results) whenever a graph is not
-safe or not possible, and remembers that per layout: tensors not all on one CUDA device, an input with
-overlapping memory, inputs larger than MAX_STATIC_BYTES, a capture that would keep more than
-MAX_GRAPH_BYTES reserved, more than MAX_LAYOUTS layouts, a wrapper
-that changed its inputs during the warm-up, an output that is a view of an input, or a capture that
-failed. Inside the caller's own CUDA-graph capture it always makes the plain call (the caller's graph
-records those launches), and remembers nothing.
+safe or not possible, and remembers that per layout: tensors not all on one CUDA device, a capture that
+would keep more than MAX_GRAPH_BYTES reserved, more than MAX_LAYOUTS layouts, a wrapper that changes an
+input that has to be copied, an input with overlapping memory that has to be copied, an output viewing
+an input with another dtype, the re-record budget spent, or a capture that failed. Inside the caller's
+own CUDA-graph capture it always makes the plain call (the caller's graph records those launches), and
+remembers nothing.
 """
 
 from __future__ import annotations
@@ -33,10 +46,14 @@ import threading
 import torch
 
 MAX_LAYOUTS = 8  # graphs kept per wrapper; more layouts (dynamic shapes) run plain
-MAX_STATIC_BYTES = 1 << 30  # inputs copied into static buffers; bigger ones run plain (memory, copy time)
-# Device memory a capture may newly reserve (static inputs, the graph's private pool: its intermediates
-# and outputs stay reserved, where the plain call frees them): above this the layout runs plain.
+# Device memory a capture may newly reserve (the graph's private pool: its intermediates and outputs stay
+# reserved, where the plain call frees them; buffers of copied inputs): above this the layout runs plain.
 MAX_GRAPH_BYTES = 2 << 30
+MAX_RECORDS = 5  # captures per layout (the first, then re-records); past it the layout runs plain
+_PLAIN = object()  # a layout's answer: make the plain call this time
+
+_ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)  # CUDA builds only
+_use_count = torch._C._storage_Use_Count
 
 
 class Graphed:
@@ -44,49 +61,52 @@ class Graphed:
 
     def __init__(self, fn):
         self.fn = fn
-        self._entries: dict = {}  # layout key -> _Entry, or a str: why this layout runs plain
+        self._layouts: dict = {}  # layout key -> _Layout
+        self._last = None  # the layout of the last call: the hot path checks it first
         self._lock = threading.Lock()
         self.replays = 0
         self.plain_calls = 0
+        # Input positions the compiler marks static (Inductor's static_input_idxs: parameters, buffers):
+        # kept in place across address changes while the re-record budget lasts. The runtime sets it.
+        self.static_hint: frozenset = frozenset()
 
     def __call__(self, args):
         real = list(args)
-        if isinstance(args, list):
+        if type(args) is list:
             args.clear()  # the wrapper ABI: the callee owns the list and frees the inputs early
-        if _capturing(real):  # inside the caller's own CUDA graph: its capture takes the plain launches
-            self.plain_calls += 1
-            return self.fn(real)
-        key = _layout(real)
-        with self._lock:
-            entry = self._entries.get(key) if key is not None else "arguments without a layout key"
-            if entry is None:
-                entry = self._entries[key] = self._capture(real)
-            if isinstance(entry, _Entry):
+        lay = self._last
+        if lay is None or lay.n != len(real) or (lay.scalar_idx and lay.scalars != [real[i] for i in lay.scalar_idx]):
+            lay = self._find(real)
+        if lay is not None and lay.reason is None and not lay.capturing():
+            with self._lock:
+                out = lay.call(real)
+            if out is not _PLAIN:
                 self.replays += 1
-                return entry.replay(real)
+                return out
         self.plain_calls += 1
         return self.fn(real)
 
     def plain_reasons(self) -> list[str]:
-        return [e for e in self._entries.values() if isinstance(e, str)]
+        return [lay.reason for lay in self._layouts.values() if lay.reason is not None]
 
-    def _capture(self, real: list):
-        tensors = [x for x in real if isinstance(x, torch.Tensor)]
-        devices = {x.device for x in tensors}
-        if not tensors or len(devices) != 1 or next(iter(devices)).type != "cuda":
-            return "not all tensors on one CUDA device"
-        if len(self._entries) >= MAX_LAYOUTS:
-            return f"more than {MAX_LAYOUTS} argument layouts"
-        if sum(x.untyped_storage().nbytes() for x in tensors) > MAX_STATIC_BYTES:
-            return f"inputs larger than {MAX_STATIC_BYTES} bytes"
-        if any(s == 0 and n > 1 for x in tensors for s, n in zip(x.stride(), x.shape)):
-            return "an input with overlapping memory (a zero stride)"
-        try:
-            return _Entry.capture(self.fn, real, next(iter(devices)))
-        except _NotGraphable as e:
-            return str(e)
-        except Exception as e:  # noqa: BLE001 - any failure to capture means: run plain
-            return f"capture failed: {type(e).__name__}: {e}"[:300]
+    def describe(self) -> list[dict]:
+        """Per layout: inputs read in place and copied, outputs copied out, captures, why plain."""
+        return [lay.describe() for lay in self._layouts.values()]
+
+    def _find(self, real: list):
+        key = _layout(real)
+        if key is None:
+            return None  # arguments without a layout key: plain, nothing remembered
+        with self._lock:
+            lay = self._layouts.get(key)
+            if lay is None:
+                lay = _Layout(self, real, key)
+                if len(self._layouts) >= MAX_LAYOUTS:
+                    lay.reason = f"more than {MAX_LAYOUTS} argument layouts"
+                else:
+                    self._layouts[key] = lay
+            self._last = lay
+            return lay
 
 
 def graphed(fn) -> Graphed:
@@ -98,100 +118,246 @@ class _NotGraphable(Exception):
     pass
 
 
-class _Entry:
-    """One captured layout: static inputs, the graph, and how to rebuild its outputs."""
+class _Layout:
+    """The graphs of one argument layout, what is read in place, and what was learned about the caller."""
 
-    def __init__(self, device, static, graph, outputs, kind, done):
-        self.device, self.static, self.graph, self.outputs, self.kind, self.done = \
-            device, static, graph, outputs, kind, done
+    def __init__(self, owner: Graphed, real: list, key):
+        self.owner, self.n = owner, len(real)
+        self.scalar_idx = [i for i, x in enumerate(real) if not isinstance(x, torch.Tensor)]
+        self.scalars = [real[i] for i in self.scalar_idx]
+        self.tensor_idx = [i for i, x in enumerate(real) if isinstance(x, torch.Tensor)]
+        self.reason = None  # why this layout runs plain
+        self.calls = self.records = 0
+        self.demoted: set = set()  # inputs copied into the graph's own buffers instead of read in place
+        self.moved: set = set()  # inputs re-recorded once at a new address
+        self.copy_out: set = set()  # output positions the caller keeps across calls: copied out
+        self.copy_all_out = False  # the last capture: what it can no longer learn, it copies
+        self.rec = None
+        self.stream = self.raw_stream = None  # the stream of the last replay, and its raw handle
+        self.pool = None
+        devices = {real[i].device for i in self.tensor_idx}
+        if not self.tensor_idx or len(devices) != 1 or next(iter(devices)).type != "cuda":
+            self.reason = "not all tensors on one CUDA device"
+            return
+        self.device = next(iter(devices))
+        self.dev_idx = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.hint = owner.static_hint | {i for i in self.tensor_idx if isinstance(real[i], torch.nn.Parameter)
+                                         or getattr(real[i], "_dynamo_static_input_type", None) is not None}
+
+    def capturing(self) -> bool:
+        if torch._C._cuda_getDevice() == self.dev_idx:  # the raw calls: this is on every call's path
+            return torch._C._cuda_isCurrentStreamCapturing()
+        with torch.cuda.device(self.dev_idx):
+            return torch.cuda.is_current_stream_capturing()
+
+    def call(self, real: list):
+        self.calls += 1
+        if self.calls == 1:
+            return _PLAIN  # the warm-up: lazy initialisation and autotuning happen outside any capture
+        rec = self.rec
+        if rec is None:
+            return self._record(real)
+        if not rec.ptrs_ok(real):
+            missed = [i for i in rec.static_idx if real[i].data_ptr() != rec.ptrs[i]]
+            self.demoted |= {i for i in missed if i in self.moved and i not in self.hint}
+            self.moved |= set(missed)
+            return self._record(real)
+        busy = rec.busy_outputs()
+        if busy:  # the caller still holds outputs of the last replay: copy those out from now on, capture again
+            self.copy_out |= busy
+            return self._record(real)
+        self._join_stream()
+        rec.copy_in(real)
+        rec.graph.replay()
+        return rec.outputs(real)
+
+    def _join_stream(self) -> None:
+        raw = torch._C._cuda_getCurrentRawStream(self.dev_idx)  # an int: cheaper than the Stream object
+        if raw != self.raw_stream:
+            cur = torch.cuda.current_stream(self.dev_idx)
+            if self.stream is not None:  # the last replay's work (on another stream) comes first
+                cur.wait_stream(self.stream)
+            self.stream, self.raw_stream = cur, raw
+
+    def _record(self, real: list):
+        if self.records >= MAX_RECORDS:
+            self.reason = f"inputs or kept outputs changed after {MAX_RECORDS} captures"
+            return _PLAIN
+        self.records += 1
+        if self.records == MAX_RECORDS:  # the last capture copies every input in and every output out
+            self.demoted |= {i for i in self.tensor_idx if not _overlapping(real[i])}
+            self.copy_all_out = True
+        # The old graph stays alive through the new capture, so their shared pool does too; its outputs
+        # are let go first, so the new graph takes the same blocks (outputs that a later graph reads in
+        # place keep their addresses), except those the caller still holds.
+        old_graph = self.rec.graph if self.rec is not None else None
+        self.rec = None
+        try:
+            with torch.cuda.device(self.dev_idx):
+                self._join_stream()
+                self.rec = _Record.capture(self, real)
+                del old_graph
+                out = self.rec.first_replay(real)
+                if self.rec.changed is not None:  # this call is done (the plain call's effect); later ones run plain
+                    self.reason = f"the wrapper changes input {self.rec.changed}, which moves between calls"
+                    self.rec = None
+                return out
+        except _NotGraphable as e:
+            self.reason = str(e)
+        except Exception as e:  # noqa: BLE001 - any failure to capture means: run plain
+            self.reason = f"capture failed: {type(e).__name__}: {e}"[:300]
+        self.rec = None
+        return _PLAIN
+
+    def describe(self) -> dict:
+        r = self.rec
+        return {"calls": self.calls, "captures": self.records, "reason": self.reason,
+                "inputs_in_place": len(r.static_idx) if r else 0, "inputs_copied": len(r.copied_idx) if r else 0,
+                "outputs_copied": len(self.copy_out)}
+
+
+class _Record:
+    """One capture: the graph, the addresses it reads in place, its copy-in plan, its output plan."""
 
     @classmethod
-    def capture(cls, fn, real: list, device) -> "_Entry":
-        with torch.cuda.device(device):
-            reserved0 = torch.cuda.memory_reserved(device)
-            cur = torch.cuda.current_stream()
-            static = [_static_copy(x) if isinstance(x, torch.Tensor) else x for x in real]
-            before = [x.clone() if isinstance(x, torch.Tensor) else None for x in static]
-            side = torch.cuda.Stream()
-            side.wait_stream(cur)
-            with torch.cuda.stream(side):
-                fn(list(static))  # warm-up: lazy initialisation (library handles, workspaces) outside the capture
-            cur.wait_stream(side)
-            if any(b is not None and not _same(b, x) for b, x in zip(before, static)):
-                raise _NotGraphable("the wrapper changes its inputs")
-            del before
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                out = fn(list(static))
-            grew = torch.cuda.memory_reserved(device) - reserved0
-            if grew > MAX_GRAPH_BYTES:
-                raise _NotGraphable(f"the graph would keep {grew >> 20} MiB of device memory reserved")
-            kind = type(out) if isinstance(out, (tuple, list)) else None
-            outs = list(out) if kind else [out]
-            inputs = {x.untyped_storage().data_ptr() for x in static if isinstance(x, torch.Tensor) and x.numel()}
-            plan, groups = [], {}
-            for o in outs:
-                if not isinstance(o, torch.Tensor):
-                    plan.append(("value", o))
-                    continue
-                ptr = o.untyped_storage().data_ptr()
-                if o.numel() and ptr in inputs:
-                    raise _NotGraphable("an output is a view of an input")
-                g = groups.setdefault(ptr, (len(groups), o.untyped_storage()))[0]
-                plan.append(("tensor", g, o.dtype, o.storage_offset(), tuple(o.shape), o.stride()))
-            entry = cls(device, static, graph, (plan, [s for _, s in sorted(groups.values(), key=lambda t: t[0])]),
-                        kind, torch.cuda.Event())
-            return entry
+    def capture(cls, lay: _Layout, real: list) -> "_Record":
+        self = cls()
+        self.copied_idx = [i for i in lay.tensor_idx if i in lay.demoted]
+        self.static_idx = [i for i in lay.tensor_idx if i not in lay.demoted]
+        for i in self.copied_idx:
+            x = real[i]
+            if _overlapping(x):
+                raise _NotGraphable("an input with overlapping memory (a zero stride) moves between calls")
+        self.ptrs = [real[i].data_ptr() if i in self.static_idx else None for i in range(len(real))]
+        self.own = {i: torch.empty_strided(real[i].shape, real[i].stride(), dtype=real[i].dtype, device=real[i].device)
+                    for i in self.copied_idx}
+        by_dtype: dict = {}
+        for i in self.copied_idx:
+            by_dtype.setdefault(real[i].dtype, []).append(i)
+        self.copies = [([self.own[i] for i in idxs], idxs) for idxs in by_dtype.values() if len(idxs) > 1]
+        self.copy1 = [(self.own[idxs[0]], idxs[0]) for idxs in by_dtype.values() if len(idxs) == 1]
+        self.copy_in(real)
+        static = [self.own.get(i, x) for i, x in enumerate(real)]
+        reserved0 = torch.cuda.memory_reserved(lay.device)
+        if lay.pool is None:
+            lay.pool = torch.cuda.graph_pool_handle()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=lay.pool, capture_error_mode="thread_local"):
+            out = lay.owner.fn(list(static))
+        grew = torch.cuda.memory_reserved(lay.device) - reserved0
+        if grew > MAX_GRAPH_BYTES:
+            raise _NotGraphable(f"the graph would keep {grew >> 20} MiB of device memory reserved")
+        self.kind = type(out) if isinstance(out, (tuple, list)) else None
+        self._plan_outputs(list(out) if self.kind else [out], static, lay)
+        return self
 
-    def replay(self, real: list):
-        with torch.cuda.device(self.device):
-            cur = torch.cuda.current_stream()
-            cur.wait_event(self.done)  # the previous call (maybe on another stream) has read the buffers
-            dst = [s for s in self.static if isinstance(s, torch.Tensor)]
-            src = [x for x in real if isinstance(x, torch.Tensor)]
-            if dst:
-                torch._foreach_copy_(dst, src)
-            self.graph.replay()
-            plan, storages = self.outputs
-            fresh = []
-            for st in storages:  # one copy per storage: outputs that share memory keep sharing it
-                buf = torch.empty(st.nbytes(), dtype=torch.uint8, device=self.device)
-                if st.nbytes():
-                    buf.copy_(torch.empty(0, dtype=torch.uint8, device=self.device).set_(st))
-                fresh.append(buf.untyped_storage())
-            self.done.record(cur)
-            outs = []
-            for p in plan:
-                if p[0] == "value":
-                    outs.append(p[1])
-                    continue
-                _, g, dtype, offset, shape, stride = p
-                outs.append(torch.empty(0, dtype=dtype, device=self.device).set_(fresh[g], offset, shape, stride))
-            return self.kind(outs) if self.kind else outs[0]
+    def _plan_outputs(self, outs: list, static: list, lay: _Layout) -> None:
+        by_storage = {}  # input storage pointer -> input position (the caller's tensor, or our copy)
+        for i in lay.tensor_idx:
+            if static[i].numel():
+                by_storage.setdefault(static[i].untyped_storage().data_ptr(), i)
+        self.plan, groups = [], {}  # groups: pool storage pointer -> [storage, [output positions], [holders]]
+        for k, o in enumerate(outs):
+            if not isinstance(o, torch.Tensor):
+                self.plan.append(("value", o))
+                continue
+            ptr = o.untyped_storage().data_ptr()
+            i = by_storage.get(ptr) if o.numel() else None
+            if i is not None:
+                x = static[i]
+                if o.dtype != x.dtype:
+                    raise _NotGraphable("an output views an input with another dtype")
+                same = o.shape == x.shape and o.stride() == x.stride() and o.storage_offset() == x.storage_offset()
+                self.plan.append(("arg", i) if same else
+                                 ("view", i, tuple(o.shape), o.stride(), o.storage_offset() - x.storage_offset()))
+                continue
+            g = groups.setdefault(ptr, [o.untyped_storage(), [], []])
+            g[1].append(k)
+            g[2].append(o)
+            self.plan.append(("pool", o, k))
+        # Handed out: groups the caller has not kept so far. Copied out: the others, one copy per storage
+        # so that outputs sharing memory keep sharing it.
+        self.handed, self.copied = [], []
+        self.copy_pos = {}
+        for st, ks, _ in groups.values():
+            if lay.copy_all_out or lay.copy_out & set(ks):
+                u8 = torch.empty(0, dtype=torch.uint8, device=lay.device).set_(st)
+                for k in ks:
+                    self.copy_pos[k] = len(self.copied)
+                self.copied.append(u8)
+            else:
+                self.handed.append([st, set(ks), 0])
+        for h in self.handed:
+            h[2] = _use_count(h[0]._cdata)  # our own references: more means the caller holds one
+        self.device = lay.device
 
+    def ptrs_ok(self, real: list) -> bool:
+        if _ptrs_equal is not None:
+            return _ptrs_equal(real, self.ptrs, self.static_idx)
+        return all(real[i].data_ptr() == self.ptrs[i] for i in self.static_idx)
 
-def _capturing(real: list) -> bool:
-    for x in real:
-        if isinstance(x, torch.Tensor) and x.is_cuda:
-            with torch.cuda.device(x.device):
-                return torch.cuda.is_current_stream_capturing()
-    return False
+    def busy_outputs(self) -> set:
+        busy = set()
+        for st, ks, base in self.handed:
+            if _use_count(st._cdata) > base:
+                busy |= ks
+        return busy
+
+    def copy_in(self, real: list) -> None:
+        for dsts, idxs in self.copies:
+            torch._foreach_copy_(dsts, [real[i] for i in idxs])
+        for dst, i in self.copy1:
+            dst.copy_(real[i])
+
+    def first_replay(self, real: list):
+        """The capture's own call: replay, then check that no copied input was changed by the wrapper."""
+        self.graph.replay()
+        self.changed = None
+        for i in self.copied_idx:
+            if not _same(self.own[i], real[i]):
+                real[i].copy_(self.own[i])  # the caller's tensor gets the change, as with the plain call
+                self.changed = i
+        return self.outputs(real)
+
+    def outputs(self, real: list):
+        fresh = [torch.empty_like(u8).copy_(u8) for u8 in self.copied] if self.copied else ()
+        outs = []
+        for p in self.plan:
+            kind = p[0]
+            if kind == "pool":
+                o, k = p[1], p[2]
+                j = self.copy_pos.get(k)
+                if j is None:
+                    outs.append(o.detach())
+                else:
+                    outs.append(torch.empty(0, dtype=o.dtype, device=self.device).set_(
+                        fresh[j].untyped_storage(), o.storage_offset(), o.shape, o.stride()))
+            elif kind == "arg":
+                outs.append(real[p[1]])
+            elif kind == "view":
+                x = real[p[1]]
+                outs.append(x.as_strided(p[2], p[3], x.storage_offset() + p[4]))
+            else:
+                outs.append(p[1])
+        return self.kind(outs) if self.kind else outs[0]
 
 
 def _layout(real: list):
+    """The layout key: arity and every non-tensor argument's value (tensor shapes follow from them)."""
     parts = []
     for x in real:
         if isinstance(x, torch.Tensor):
-            parts.append(("T", x.dtype, x.device, tuple(x.shape), x.stride(), x.requires_grad))
+            parts.append(None)
         elif x is None or isinstance(x, (bool, int, float, str)):
-            parts.append(("V", type(x).__name__, x))
+            parts.append((type(x).__name__, x))
         else:
             return None
     return tuple(parts)
 
 
-def _static_copy(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+def _overlapping(x: torch.Tensor) -> bool:
+    """A zero stride over more than one element: readable in place, not a copy destination."""
+    return any(s == 0 and n > 1 for s, n in zip(x.stride(), x.shape))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -40,12 +40,17 @@ def _fresh(inputs, seed: int):
             (x.clone() if isinstance(x, torch.Tensor) else x) for x in inputs]
 
 
-def test_gpu_graphed_replays_give_the_plain_outputs_and_fresh_buffers(launch_graph):
+def _close(got, want) -> None:
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_gpu_graphed_replays_give_the_plain_outputs_and_outputs_the_caller_keeps_never_change(launch_graph):
     from tilesmith import loading
 
     data, plain, wrapped = _modules(launch_graph)
     kept = []
-    for seed in range(4):
+    for seed in range(5):
         inputs = _fresh(data.inputs, seed) if seed else data.inputs
         got = wrapped.call(loading.clone_args(inputs))
         want = plain.call(loading.clone_args(inputs))
@@ -56,27 +61,134 @@ def test_gpu_graphed_replays_give_the_plain_outputs_and_fresh_buffers(launch_gra
         kept.append(([a.clone() for a in got], got))
     for copies, outs in kept:  # later calls did not write into what earlier calls returned
         assert all(torch.equal(c, o) for c, o in zip(copies, outs))
-    assert wrapped.call.replays == 4 and wrapped.call.plain_calls == 0, wrapped.call.plain_reasons()
-    ptrs = {o.untyped_storage().data_ptr() for _, outs in kept for o in outs}
-    assert len(ptrs) >= 4  # every call returned new memory
+    # The first call is the plain warm-up; the caller kept every output, so they are copied out now.
+    assert wrapped.call.replays == 4 and wrapped.call.plain_calls == 1, wrapped.call.plain_reasons()
+    (lay,) = wrapped.call.describe()
+    assert lay["outputs_copied"] >= 1 and lay["reason"] is None
+
+
+def test_gpu_graphed_hands_out_the_graphs_own_outputs_when_the_caller_drops_them(launch_graph):
+    from tilesmith import loading
+
+    data, plain, wrapped = _modules(launch_graph)
+    args = loading.clone_args(data.inputs)
+    want = [w.clone() for w in plain.call(list(args))]
+    ptrs = set()
+    for _ in range(5):
+        out = wrapped.call(list(args))
+        ptrs.add(out[0].data_ptr())
+        torch.testing.assert_close(out[0], want[0], rtol=1e-5, atol=1e-5)
+        del out
+    (lay,) = wrapped.call.describe()
+    assert lay["outputs_copied"] == 0 and lay["captures"] == 1 and lay["inputs_copied"] == 0
+    assert len(ptrs) == 2  # the plain warm-up's, then always the graph's own memory: no copy
+
+
+def test_gpu_graphed_reads_inputs_in_place_and_sees_in_place_updates(launch_graph):
+    from tilesmith import loading
+
+    data, plain, wrapped = _modules(launch_graph)
+    args = loading.clone_args(data.inputs)
+    wrapped.call(list(args))
+    wrapped.call(list(args))  # captured, every input read in place
+    for x in args:
+        if isinstance(x, torch.Tensor) and x.dtype.is_floating_point:
+            x.mul_(0.5).add_(0.25)  # e.g. an optimizer step: same tensors, new values
+    got = wrapped.call(list(args))
+    want = plain.call(list(args))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    (lay,) = wrapped.call.describe()
+    assert lay["captures"] == 1 and lay["inputs_copied"] == 0 and lay["inputs_in_place"] >= 1
+
+
+def test_gpu_graphed_inputs_that_move_are_recorded_again_then_copied(launch_graph):
+    from tilesmith import loading
+
+    data, plain, wrapped = _modules(launch_graph)
+    sets = [loading.clone_args(_fresh(data.inputs, s)) for s in range(6)]  # all alive: six addresses each
+    for k in range(8):
+        args = sets[k % len(sets)]
+        _close(wrapped.call(list(args)), plain.call(list(args)))  # outputs not kept: handed out each time
+    (lay,) = wrapped.call.describe()
+    assert lay["captures"] == 3 and lay["inputs_in_place"] == 0 and lay["inputs_copied"] >= 1, lay
+    assert wrapped.call.plain_calls == 1
+
+
+def test_gpu_graphed_outputs_that_view_inputs_are_views_of_the_callers_inputs():
+    from tilesmith.cudagraph import graphed
+
+    def fn(args):
+        x, w = args
+        args.clear()
+        return (x @ w, x[1:], w)
+
+    g = graphed(fn)
+    w = torch.randn(16, 4, device="cuda")
+    for _ in range(4):  # new activations each call, the weight in place
+        x = torch.randn(8, 16, device="cuda")
+        y, xv, wo = g([x, w])
+        torch.testing.assert_close(y, x @ w)
+        assert wo is w and xv.data_ptr() == x[1:].data_ptr() and torch.equal(xv, x[1:])
+    assert g.replays == 3 and g.plain_reasons() == []
+
+
+def test_gpu_graphed_caller_that_keeps_everything_and_moves_everything_settles_on_copies_not_plain_calls():
+    from tilesmith.cudagraph import MAX_RECORDS, graphed
+
+    def fn(args):
+        x, w = args
+        args.clear()
+        return (x @ w, (x @ w).sum(0))
+
+    g = graphed(fn)
+    kept = []
+    for k in range(12):  # every input new and alive, every output kept: the worst caller
+        x, w = torch.randn(8, 16, device="cuda"), torch.randn(16, 4, device="cuda")
+        y, s = g([x, w])
+        torch.testing.assert_close(y, x @ w)
+        kept.append((x, w, y, s, (x @ w).clone()))
+    for x, w, y, s, want in kept:  # nothing the caller kept was overwritten
+        torch.testing.assert_close(y, want)
+    (lay,) = g.describe()
+    assert lay["captures"] <= MAX_RECORDS and g.plain_calls == 1 and g.replays == 11, lay
+
+
+def test_gpu_graphed_wrapper_that_changes_a_moving_input_runs_plain_with_the_plain_effect():
+    from tilesmith.cudagraph import graphed
+
+    def fn(args):
+        (x,) = args
+        args.clear()
+        x.add_(1.0)
+        return (x * 2,)
+
+    g = graphed(fn)
+    xs = [torch.zeros(4, device="cuda") for _ in range(6)]
+    for k, x in enumerate(xs):
+        (y,) = g([x])
+        assert torch.equal(x, torch.ones(4, device="cuda")) and torch.equal(y, torch.full((4,), 2.0, device="cuda")), k
+    assert g.plain_reasons() and "changes input 0" in g.plain_reasons()[0]
 
 
 def test_gpu_graphed_keeps_to_the_callers_stream(launch_graph):
     from tilesmith import loading
 
     data, plain, wrapped = _modules(launch_graph)
-    wrapped.call(loading.clone_args(data.inputs))  # capture on the default stream
+    for _ in range(2):
+        wrapped.call(loading.clone_args(data.inputs))  # the warm-up and the capture, on the default stream
     want = plain.call(loading.clone_args(data.inputs))
     s = torch.cuda.Stream()
     torch.cuda.synchronize()
     with torch.cuda.stream(s):
         args = loading.clone_args(data.inputs)
-        torch.cuda._sleep(50_000_000)  # the copy-in must wait behind this, on s
+        torch.cuda._sleep(50_000_000)  # the replay must wait behind this, on s
         got = wrapped.call(args)
         s.synchronize()  # only s: anything left on another stream would not be finished
         res = [g.cpu() for g in got]
     for a, b in zip(res, want):
         torch.testing.assert_close(a, b.cpu(), rtol=1e-5, atol=1e-5)
+    assert wrapped.call.replays >= 2
 
 
 def test_gpu_graphed_steps_aside_inside_the_callers_own_capture(launch_graph):
@@ -93,8 +205,9 @@ def test_gpu_graphed_steps_aside_inside_the_callers_own_capture(launch_graph):
     want = plain.call(loading.clone_args(data.inputs))
     for a, b in zip(outs, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    assert wrapped.call.plain_calls == 1 and wrapped.call.replays == 0
-    wrapped.call(loading.clone_args(data.inputs))  # outside the capture: its own graph, nothing remembered
+    assert wrapped.call.plain_calls == 1 and wrapped.call.replays == 0 and wrapped.call.describe()[0]["calls"] == 0
+    for _ in range(2):  # outside the capture: its own warm-up and graph, nothing remembered from inside
+        wrapped.call(loading.clone_args(data.inputs))
     assert wrapped.call.replays == 1 and wrapped.call.plain_reasons() == []
 
 

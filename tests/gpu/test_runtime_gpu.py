@@ -52,3 +52,30 @@ def test_gpu_perturbed_artifact_is_what_the_cuda_graph_replays(tmp_path, inducto
         # CUDA-graph replays skip Python: the marker runs at warm-up/record only, yet every output is perturbed.
         assert 1 <= len(s["marker_hits"]) < 5
         assert number(p, "checksum") > baseline + 1000
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_gpu_training_step_replays_every_graphed_artifact_without_a_plain_fallback(tmp_path, mode, inductor_cache):
+    """The lean replay in a plain training loop (no cudagraph_mark_step_begin): forward graphs return
+    inputs and saved activations, backward graphs read them and hand gradients to AccumulateGrad; every
+    graph must replay (not fall back to plain calls) and the loss must be the plain program's. Under
+    reduce-overhead the runtime turns Inductor's CUDA graphs off for these graphs."""
+    from tilesmith.search.tuner import graphed_text
+
+    ws = tmp_path / "ws"
+    extra = ["--device", "cuda", "--mode", mode] if mode != "default" else ["--device", "cuda"]
+    assert run_capture_subprocess(EXAMPLES / "training.py", ws, *extra).returncode == 0
+    ks = keys(ws)
+    assert len(ks) == 4
+    for k in ks:
+        install_direct(ws, k, graphed_text((ws / "graphs" / k / "wrapper.py").read_text()).encode())
+    args = ["--steps", "8", *extra]
+    plain = run(EXAMPLES / "training.py", *args, cache=tmp_path / "c", runtime=False)
+    p = run(EXAMPLES / "training.py", *args, cache=tmp_path / "c")
+    assert p.returncode == 0 and plain.returncode == 0, p.stderr + plain.stderr
+    s = stats_of(p)
+    assert s["substituted"] == 4 and s["fallbacks"] == []
+    for k in ks:
+        g = s["cuda_graphs"][k]
+        assert g["replays"] >= 5 and g["plain_reasons"] == [], (k, g)
+    assert abs(number(p, "loss") - number(plain, "loss")) <= 1e-5 * max(1.0, abs(number(plain, "loss")))

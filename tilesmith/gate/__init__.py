@@ -72,6 +72,11 @@ def resolve_mode(mode: str, meta: dict) -> str:
     return mode
 
 
+def own_replay(text: str) -> bool:
+    """Whether a wrapper replays its own launches from CUDA graphs (tilesmith.cudagraph)."""
+    return "from tilesmith.cudagraph import graphed" in text and "graphed(call)" in text
+
+
 def graph_device(meta: dict) -> str:
     """The device a captured graph runs on: its first CUDA tensor input's, else cpu."""
     for i in meta.get("inputs", []):
@@ -102,8 +107,17 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
         sets = {s: make_sets(meta, data.inputs, s, policy.random_sets) for s in seeds}
     device = graph_device(meta)
     pair = (1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1)
+    modes = {}
+    if mode == "graph" and own_replay(raw.decode()):
+        # Inductor replays the original from a CUDA graph; the candidate replays itself (the runtime turns
+        # Inductor's CUDA graphs off for a graph whose artifact does): each timed the way it would run.
+        modes = {"candidate": "launch"}
+        if timing_base is not None and own_replay(timing_base.read_text()):
+            modes["baseline"] = "launch"  # the best so far replays itself too: like with like
+        v.warnings.append(Reason("own-replay", "the candidate replays its own CUDA graph: timed as plain calls "
+                                               "against the original's whole-graph replay (graph mode)"))
     ctx = dict(gdir=gdir, cand=cand, timing_base=timing_base, scratch=scratch, device=device, policy=policy, mode=mode,
-               pair=pair, note=note, torch=torch, WorkerFailure=WorkerFailure, clock=clock)
+               modes=modes, pair=pair, note=note, torch=torch, WorkerFailure=WorkerFailure, clock=clock)
     note("load", "starting workers; the original runs in its own reference worker")
     # Every worker starts now, before candidate code runs anywhere, so their interpreters, imports, CUDA
     # contexts and baseline loads overlap one another and the reference run; each is still fresh (no
@@ -250,7 +264,7 @@ def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, prep: _Prepared, ref
         with clock(f"{key}.timing_setup"):
             save_sets(f, rotating(named_sets, policy), torch)
             w.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline", "candidate"],
-                       "mode": ctx["mode"]}, policy.call_timeout_s)
+                       "mode": ctx["mode"], "modes": ctx["modes"]}, policy.call_timeout_s)
             f.unlink()
         with clock(f"{key}.quiesce"):  # no other worker may be busy while samples are taken
             for other in others:

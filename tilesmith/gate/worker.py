@@ -29,6 +29,10 @@ class State:
     def __init__(self):
         self.data = None  # loading.GraphData
         self.fns = {}  # role -> call
+        # role -> a thunk loading the role's module again, a fresh instance for timing. The candidate only:
+        # the baseline is never loaded after candidate code has run here, and its correctness calls ran
+        # in the reference worker, so its instance here is fresh.
+        self.loaders = {}
         self.device = "cpu"
         self.timed = {}  # role -> list of (call thunk) over rotating buffers
         self.keep = []  # CUDA graphs, their inputs and their outputs stay alive while timing
@@ -119,7 +123,8 @@ def op_load(st: State, req: dict) -> dict:
     if req.get("candidate"):
         with open(req["candidate"]) as f:
             text = f.read()
-        st.fns["candidate"] = loading.load_module(text, consts()).call
+        st.loaders["candidate"] = lambda: loading.load_module(text, consts()).call
+        st.fns["candidate"] = st.loaders["candidate"]()
     return {"load_ns": _perf_ns() - t0}
 
 
@@ -186,18 +191,28 @@ def op_ref64(st: State, req: dict) -> dict:
 
 
 def op_time_setup(st: State, req: dict) -> dict:
-    """Rotating device buffers for each role; in graph mode a CUDA graph per buffer set and role."""
+    """Rotating device buffers for each role; in graph mode a CUDA graph per buffer set and role.
+
+    The candidate is timed on a fresh instance of its module, as a program's first calls would run it:
+    state its calls keep (a CUDA-graph replay learning which outputs the caller holds) comes from these
+    calls, not from the correctness calls before. Parameters (graph.json) stay in one buffer across the sets,
+    as a program's weights stay at one address; the other inputs rotate. `modes` may time a role in
+    another mode than `mode` (a candidate with its own replay against Inductor's, in graph mode)."""
     sets = torch.load(req["sets_file"], weights_only=True)["inputs"]
+    shared = {i for i, d in enumerate(st.data.meta.get("inputs") or []) if d.get("parameter")}
     for role in req["roles"]:
-        bufs = [[_to_device(x, st.device) for x in inputs] for inputs in sets]
-        fn = st.fns[role]
-        if req["mode"] == "graph":
+        first = [_to_device(x, st.device) for x in sets[0]]
+        bufs = [first] + [[first[i] if i in shared else _to_device(x, st.device) for i, x in enumerate(inputs)]
+                          for inputs in sets[1:]]
+        fn = st.loaders[role]() if role in st.loaders else st.fns[role]
+        if (req.get("modes") or {}).get(role, req["mode"]) == "graph":
             st.timed[role] = [_capture_graph(st, fn, b) for b in bufs]
         else:
             st.timed[role] = [(lambda fn=fn, b=b: fn(list(b))) for b in bufs]
         with torch.no_grad():
-            for thunk in st.timed[role]:
-                thunk()  # warm-up: first calls autotune and allocate
+            for _ in range(2):  # warm-up: first calls autotune and allocate, a replay records its graphs
+                for thunk in st.timed[role]:
+                    thunk()
     _device_sync()
     return {}
 

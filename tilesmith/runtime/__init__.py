@@ -85,7 +85,8 @@ _graphed: dict = {}  # key -> tilesmith.cudagraph.Graphed of a substituted artif
 def stats() -> RuntimeStats:
     """A copy of this process's counters: graphs seen, substituted, fallbacks with reasons."""
     with _lock:
-        graphs = {k: {"replays": g.replays, "plain_calls": g.plain_calls, "plain_reasons": g.plain_reasons()}
+        graphs = {k: {"replays": g.replays, "plain_calls": g.plain_calls, "plain_reasons": g.plain_reasons(),
+                      "layouts": g.describe()}
                   for k, g in _graphed.items()}
         return RuntimeStats(_stats.graphs_seen, _stats.substituted, _stats.not_installed,
                             [Fallback(f.key, f.reason) for f in _stats.fallbacks], list(_stats.substituted_keys), graphs)
@@ -115,7 +116,7 @@ def _handle(pc: hook.PostCompile):
             with _lock:
                 _stats.not_installed += 1
             return None
-        _substitute(g, pc, key, mpath, env)
+        return _substitute(g, pc, key, mpath, env)
     except _Skip as e:
         _fallback(key, str(e))
     except RuntimeStrictError:
@@ -169,12 +170,24 @@ def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
         g.compiled_fn_runner = getattr(mod, "runner", None)
     from tilesmith.cudagraph import Graphed
 
+    after = None
+    if isinstance(call, Graphed):
+        # Inputs Inductor marks static (parameters, buffers; saved activations of a backward) are kept
+        # in place across address changes. The artifact replays itself: Inductor's own CUDA graphs
+        # (reduce-overhead) are off for this graph's post_compile, and back on after it, for the other
+        # graphs of the same compile that share the flag (a backward compiled later).
+        call.static_hint = frozenset(pc.graph_kwargs.get("static_input_idxs") or ())
+        box = pc.graph_kwargs.get("cudagraphs")
+        if box is not None and bool(box) and hasattr(box, "value"):
+            box.value = False
+            after = lambda: setattr(box, "value", True)  # noqa: E731
     with _lock:
         _stats.substituted += 1
         _stats.substituted_keys.append(key)
         if isinstance(call, Graphed):
             _graphed[key] = call
     log.info("tilesmith: %s: loaded the installed artifact instead of Inductor's wrapper", key[:12])
+    return after
 
 
 def load_source(text: str, constants: dict):

@@ -45,7 +45,7 @@ def search(track: Track, config: TunerConfig | None = None) -> Generator[Candida
         track.record({"kernel": "(whole call)", "variant": GRAPHED_LABEL, "median_ms": r.median_ms,
                       "current_ms": current, "samples": len(r.samples_ms), "error": r.error})
         if current and r.median_ms and current / r.median_ms - 1 > cfg.min_gain:
-            yield Candidate(text, GRAPHED_LABEL)
+            yield Candidate(text, _graphed_label(track))
     while True:
         base_text = track.best_text
         header, base = _split(base_text)
@@ -107,8 +107,19 @@ def _ordered(kernels: list, profile) -> list:
 
 GRAPHED_LABEL = "whole call replayed from a CUDA graph (tilesmith.cudagraph)"
 _GRAPHED_IMPORT = "from tilesmith.cudagraph import graphed"
-_GRAPHED_TAIL = ("\n\n# tilesmith: this wrapper's launches replayed from a CUDA graph, inputs copied in and outputs\n"
-                 f"# copied out on the caller's stream (tilesmith/cudagraph.py)\n{_GRAPHED_IMPORT}\ncall = graphed(call)\n")
+_GRAPHED_TAIL = ("\n\n# tilesmith: this wrapper's launches replayed from a CUDA graph on the caller's stream, inputs\n"
+                 f"# read in place where they stay put (tilesmith/cudagraph.py)\n{_GRAPHED_IMPORT}\ncall = graphed(call)\n")
+
+
+GRAPHED_OVER_INDUCTOR_LABEL = ("whole call replayed by tilesmith.cudagraph instead of Inductor's CUDA graphs "
+                               "(the runtime turns reduce-overhead's replay off for this graph)")
+
+
+def _graphed_label(track) -> str:
+    from tilesmith.workspace import load_graph_json
+
+    cg = load_graph_json(track.graph_dir).get("compile_mode") == "cudagraphs"
+    return GRAPHED_OVER_INDUCTOR_LABEL if cg else GRAPHED_LABEL
 
 
 def graphed_text(text: str) -> str:
@@ -117,11 +128,12 @@ def graphed_text(text: str) -> str:
 
 
 def _graphable(track, cfg: TunerConfig) -> bool:
-    """A CUDA graph timed as plain launches (not already replayed by Inductor or by us), launch-bound."""
+    """A launch-bound CUDA graph not replayed by us yet. A graph Inductor replays (reduce-overhead,
+    max-autotune) counts too: the gate times our replay of the same code against Inductor's."""
     from tilesmith.workspace import load_graph_json
 
     meta = load_graph_json(track.graph_dir)
-    if not str(meta.get("device", "")).startswith("cuda") or meta.get("compile_mode") == "cudagraphs":
+    if not str(meta.get("device", "")).startswith("cuda"):
         return False
     if _GRAPHED_IMPORT in track.best_text:
         return False

@@ -1,0 +1,171 @@
+"""Host time per call of tilesmith.cudagraph's lean replay, next to a bare CUDA-graph replay and the
+plain launches, for a wrapper-shaped function with many static inputs (weights) and one moving input.
+
+usage: python benchmarks/replay_host.py [--static 50] [--calls 3000] [--out replay_host.json]
+
+The function does little GPU work (two small kernels), so a call's wall time is its host time: N calls
+back to back, one synchronisation at the end, wall / N. Paths:
+  graph.replay()            a CUDA graph captured by hand, nothing else (the floor)
+  lean, outputs dropped     tilesmith.cudagraph: the weights read in place (one address check),
+                            the moving input copied in, the output handed out without a copy
+  lean, output kept         the same while the caller keeps each output for one call (copied out)
+  copy everything           what the replay did before: every input copied in (one _foreach_copy_
+                            per dtype), replay, every output copied out
+  plain launches            the function itself
+Then the pieces of a replay one by one (address check, use counts, stream, copy, replay, detach).
+Prints a table and writes JSON; never passes or fails on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def make(n_static: int, device: str):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    # Weights of mixed dtypes, as a bf16 model with fp32 norms has: the copy path groups them by dtype.
+    ws = [torch.randn(64, 64, generator=g).to(device, torch.float32 if i % 3 == 2 else torch.bfloat16)
+          for i in range(n_static)]
+    xs = [torch.randn(8, 64, generator=g).to(device, torch.bfloat16) for _ in range(2)]  # alternates: copied
+
+    def fn(args):  # an Inductor wrapper's ABI: a list the callee clears, a tuple of outputs
+        x, w0 = args[0], args[1]
+        args.clear()
+        return ((x @ w0).relu_(),)
+
+    return fn, ws, xs
+
+
+def per_call_us(call, calls: int, reps: int, sync) -> list[float]:
+    """`reps` samples of (wall time of `calls` back-to-back calls, one sync at the end) / calls, in us."""
+    for _ in range(20):
+        call()
+    sync()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            call()
+        sync()
+        out.append((time.perf_counter_ns() - t0) / calls / 1e3)
+    return out
+
+
+def paths(fn, ws, xs, torch):
+    from tilesmith.cudagraph import graphed
+
+    static_x = xs[0].clone()
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn([static_x, *ws])
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(graph):
+        static_out = fn([static_x, *ws])
+    i = [0]
+
+    def flip():
+        i[0] ^= 1
+        return xs[i[0]]
+
+    lean = graphed(fn)
+    kept = graphed(fn)
+    keep = [None]
+
+    def lean_kept():
+        keep[0] = kept([flip(), *ws])  # held until the next call returns
+
+    statics = [static_x.clone()] + [w.clone() for w in ws]
+    groups = {}
+    for k, t in enumerate(statics):
+        groups.setdefault(t.dtype, []).append(k)
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2):
+        out2 = fn(list(statics))
+
+    def copy_all():
+        args = [flip(), *ws]
+        for idxs in groups.values():
+            torch._foreach_copy_([statics[k] for k in idxs], [args[k] for k in idxs])
+        g2.replay()
+        return tuple(o.clone() for o in out2)
+
+    return {"graph.replay()": graph.replay, "lean, outputs dropped": lambda: lean([flip(), *ws]),
+            "lean, output kept": lean_kept, "copy everything": copy_all,
+            "plain launches": lambda: fn([flip(), *ws])}, {"lean": lean, "kept": kept, "_keep": static_out}
+
+
+def pieces(fn, ws, xs, torch) -> dict:
+    """Host time of each step of a lean replay on its own (us per call; launches synchronised at the end)."""
+    from tilesmith import cudagraph as cg
+
+    args = [xs[0], *ws]
+    idx = list(range(1, len(args)))
+    ptrs = [None] + [w.data_ptr() for w in ws]
+    st = ws[0].untyped_storage()
+    dst = xs[1].clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dst.add_(1)
+    calls = {
+        f"address check, {len(idx)} inputs (C++)": lambda: cg._ptrs_equal(args, ptrs, idx),
+        "storage use count (one output)": lambda: cg._use_count(st._cdata),
+        "current raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
+        "capturing check": lambda: torch._C._cuda_isCurrentStreamCapturing(),
+        "detach (one output)": lambda: ws[0].detach(),
+        "copy_ (one input)": lambda: dst.copy_(xs[0]),
+        "_foreach_copy_ (one input)": lambda: torch._foreach_copy_([dst], [xs[0]]),
+        "graph.replay() (one kernel)": g.replay,
+        "list(args) + clear": lambda: list(args).clear(),
+    }
+    return {k: statistics.median(per_call_us(c, 2000, 5, torch.cuda.synchronize)) for k, c in calls.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--static", type=int, default=50, help="static inputs (weights) besides the moving one")
+    ap.add_argument("--calls", type=int, default=3000, help="calls per sample")
+    ap.add_argument("--reps", type=int, default=7, help="samples per path")
+    ap.add_argument("--out", default="replay_host.json")
+    a = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("replay_host: needs CUDA (the lean replay makes the plain call on CPU); nothing measured")
+        Path(a.out).write_text(json.dumps({"skipped": "no CUDA"}))
+        return 0
+    fn, ws, xs = make(a.static, "cuda")
+    ps, keep = paths(fn, ws, xs, torch)
+    rows = []
+    for name, call in ps.items():
+        us = per_call_us(call, a.calls, a.reps, torch.cuda.synchronize)
+        rows.append({"path": name, "median_us": statistics.median(us), "min_us": min(us), "samples_us": us})
+    layouts = {k: keep[k].describe() for k in ("lean", "kept")}
+    parts = pieces(fn, ws, xs, torch)
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "static_inputs": a.static,
+           "calls_per_sample": a.calls, "rows": rows, "lean_layouts": layouts, "pieces_us": parts,
+           "date": time.strftime("%Y-%m-%d")}
+    print(f"host time per call, {a.static} static inputs + 1 moving, on {doc['device']} (torch {doc['torch']})")
+    print(f"{'path':26} {'median us':>10} {'min us':>8}")
+    for r in rows:
+        print(f"{r['path']:26} {r['median_us']:10.2f} {r['min_us']:8.2f}")
+    print(f"lean layouts: {json.dumps(layouts)}")
+    print("pieces of a replay, host us per call:")
+    for k, v in parts.items():
+        print(f"  {k:40} {v:8.2f}")
+    Path(a.out).write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
