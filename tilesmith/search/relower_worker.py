@@ -1,0 +1,128 @@
+"""Worker for tilesmith.search.relower: lowers one captured graph again under one Inductor config patch.
+
+Runs Inductor's own compiler on the stored repro (no candidate code), in its own process so variants
+compile in parallel. Prints one JSON line: ok, reason, the wrapper file it wrote, and the checks that
+the new wrapper keeps the graph's ABI (inputs, outputs, constants bound by name, partitions).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tilesmith import loading, source
+from tilesmith.capture import repro
+from tilesmith.workspace import WRAPPER_FILE
+
+_CONST_DECL = re.compile(r"^(\w+) = None  # device\(", re.M)
+_PARTITION = re.compile(r"^def partition_\d+\(", re.M)
+
+
+def missing_configs(patch: dict) -> list[str]:
+    """Config names (dotted) that this torch's Inductor does not have."""
+    import torch._inductor.config as cfg
+
+    out = []
+    for name in patch:
+        obj = cfg
+        for part in name.split("."):
+            if not hasattr(obj, part):
+                out.append(name)
+                break
+            obj = getattr(obj, part)
+    return out
+
+
+def lower(gdir: Path, patch: dict):
+    """(new wrapper source, seconds): the stored repro lowered by compile_fx_inner under `patch`."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.utils import BoxedBool
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    data = loading.load_graph_data(gdir)
+    text = repro.clean((gdir / repro.REPRO_FILE).read_text())
+    st = repro.status(text, data.constants)
+    if not st.available:
+        raise ValueError(st.reason)
+    ns: dict = {"__name__": "tilesmith_repro"}  # not __main__: the repro's own runner stays off
+    exec(compile(text, "<repro>", "exec"), ns)
+    mod = ns["mod"]
+    for name in st.bound:  # the captured values, not the repro's random placeholders
+        setattr(mod, name, data.constants[name])
+    args = loading.clone_args(data.inputs)
+    if len(args) != len(repro.placeholders(text)):
+        raise ValueError(f"the repro takes {len(repro.placeholders(text))} inputs, the graph {len(args)}")
+    kind = data.meta.get("kind")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        gm = make_fx(mod, tracing_mode="real")(*args)
+    with torch._inductor.config.patch(patch):
+        # cudagraphs off: we keep only the source; Inductor's cudagraph trees wrap it in production.
+        cg = compile_fx_inner(gm, args, cudagraphs=BoxedBool(False), is_backward=kind == "backward",
+                              is_inference=kind == "inference")
+    return cg.source_code, time.perf_counter() - t0
+
+
+def abi_problems(gdir: Path, new_src: str) -> tuple[list[str], float | None]:
+    """What in `new_src` breaks the graph's ABI; and the max abs error against the captured outputs."""
+    data = loading.load_graph_data(gdir)
+    orig = source.split_header((gdir / WRAPPER_FILE).read_text())[1]
+    problems = []
+    for name in _CONST_DECL.findall(new_src):
+        c = data.constants.get(name)
+        if not isinstance(c, torch.Tensor):
+            problems.append(f"needs constant {name}, which the graph does not bind")
+    if len(_PARTITION.findall(new_src)) != len(_PARTITION.findall(orig)):
+        problems.append(f"{len(_PARTITION.findall(new_src))} graph partitions, the original has "
+                        f"{len(_PARTITION.findall(orig))}")
+    if problems:
+        return problems, None
+    mod = loading.load_module(new_src, data.constants)
+    loading.restore_rng(data.rng)
+    with torch.no_grad():
+        out = mod.call(loading.clone_args(data.inputs))
+    out = list(out) if isinstance(out, (list, tuple)) else [out]
+    if len(out) != len(data.outputs):
+        return [f"{len(out)} outputs, the original returns {len(data.outputs)}"], None
+    err = 0.0
+    for i, (a, b) in enumerate(zip(out, data.outputs)):
+        if not isinstance(b, torch.Tensor):
+            continue
+        if not isinstance(a, torch.Tensor) or (a.shape, a.stride(), a.dtype) != (b.shape, b.stride(), b.dtype):
+            lay = (tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__
+            problems.append(f"output {i}: {lay}, the original {(tuple(b.shape), b.stride(), b.dtype)}")
+        elif a.numel() and b.dtype.is_floating_point:
+            err = max(err, float((a.double() - b.to(a.device).double()).abs().nan_to_num(0.0).max()))
+    return problems, err
+
+
+def main(spec_file: str) -> dict:
+    spec = json.loads(Path(spec_file).read_text())
+    gdir, patch = Path(spec["graph_dir"]), spec["patch"]
+    missing = missing_configs(patch)
+    if missing:
+        return {"ok": False, "reason": f"torch {torch.__version__} has no Inductor config {', '.join(missing)}"}
+    try:
+        src, secs = lower(gdir, patch)
+    except Exception as e:  # Inductor could not lower under this config: a skipped variant, with the reason
+        return {"ok": False, "reason": f"compile failed: {type(e).__name__}: {e}"[:400]}
+    canon = source.canonicalize(src)
+    try:
+        problems, err = abi_problems(gdir, canon)
+    except Exception as e:
+        return {"ok": False, "reason": f"the re-lowered wrapper does not run: {type(e).__name__}: {e}"[:400],
+                "compile_s": secs}
+    if problems:
+        return {"ok": False, "reason": "changes the graph's ABI: " + "; ".join(problems)[:400], "compile_s": secs}
+    fx = source.split_header((gdir / WRAPPER_FILE).read_text())[0]
+    Path(spec["out"]).write_text(source.add_header(fx, canon) if fx else canon)
+    return {"ok": True, "reason": "", "out": spec["out"], "compile_s": secs, "max_abs_error": err}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))
