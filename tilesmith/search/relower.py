@@ -242,9 +242,15 @@ def _screen(track, lowered: list[Lowered], budget_s: float) -> list[tuple[float,
 
 
 def _body(text: str) -> str:
+    """The wrapper as compared for sameness: no FX header, no comment lines (a re-lowered graph has
+    no AOT id, and its source-node comments name decomposed ops), kernel names without the op names (the repro lost the pre-decomposition ops Inductor names
+    kernels after: `cpp_fused_gelu_1` comes back as `cpp_fused_add_erf_mul_1`)."""
+    import re
+
     from tilesmith.source import split_header
 
-    return split_header(text)[1]
+    body = re.sub(r"^\s*#.*\n", "", split_header(text)[1], flags=re.M)  # comments: source nodes, AOT id
+    return re.sub(r"\b(cpp_fused|triton_[a-z]+_fused)(?:_\w+?)?_(\d+)\b", r"\1_\2", body)
 
 
 def _as_current(current: str, text: str) -> str:

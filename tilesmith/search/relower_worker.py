@@ -61,6 +61,9 @@ def lower(gdir: Path, patch: dict):
     t0 = time.perf_counter()
     with torch.no_grad():
         gm = make_fx(mod, tracing_mode="real")(*args)
+    for n in gm.graph.nodes:  # Inductor names kernels after the aten ops they came from (descriptive_names)
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            n.meta.setdefault("original_aten", n.target)
     with torch._inductor.config.patch(patch):
         # cudagraphs off: we keep only the source; Inductor's cudagraph trees wrap it in production.
         cg = compile_fx_inner(gm, args, cudagraphs=BoxedBool(False), is_backward=kind == "backward",
