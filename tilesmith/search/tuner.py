@@ -109,8 +109,10 @@ def _split(text: str) -> tuple[str, str]:
 
 
 def _ordered(kernels: list, profile) -> list:
-    """Kernels by their share of the baseline profile, biggest first; unprofiled ones last."""
-    share = {k.name: k.time_ms for k in (profile.kernels if profile else [])}
+    """Kernels by their roofline headroom in the baseline profile (time a kernel at the device's
+    ceilings would save), else their time, biggest first; unprofiled ones last."""
+    share = {k.name: (k.headroom_ms if getattr(k, "headroom_ms", None) is not None else k.time_ms)
+             for k in (profile.kernels if profile else [])}
     return sorted(kernels, key=lambda k: -share.get(k.name, -1.0))
 
 
