@@ -80,7 +80,7 @@ def _measure(torch, dev, cuda: bool) -> Ceilings:
     src = torch.empty(n, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     bw = 2 * n / best_s(lambda: dst.copy_(src), 5) / 1e9  # read + write
-    del src, dst
+    src = dst = None  # free the copy buffers before the matmuls
     tflops = {}
     m = 8192 if cuda else 1024
     for key, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)):
@@ -88,7 +88,6 @@ def _measure(torch, dev, cuda: bool) -> Ceilings:
             continue
         a = torch.randn(m, m, device=dev).to(dt)
         tflops[key] = 2 * m**3 / best_s(lambda: a @ a, 3 if cuda else 5) / 1e12
-        del a
     how = (f"measured: {n >> 20} MiB device copy, {m}^3 matmuls per dtype (TF32 "
            f"{'on' if cuda and torch.backends.cuda.matmul.allow_tf32 else 'off'})")
     return Ceilings("cuda" if cuda else "cpu", "", bw, tflops, how)
