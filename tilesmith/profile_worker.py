@@ -174,16 +174,24 @@ def main(gdir: str, src_file: str, calls: int) -> dict:
         originals = {k: getattr(mod, k) for k in [k.name for k in find_kernels(wrapper)] + ["extern_kernels"]
                      if hasattr(mod, k)}
         meta = _instrument(mod, text)
+        proxies = {k: getattr(mod, k) for k in originals}
         meta.on = True  # one untimed call records what every kernel was launched with
         mod.call(list(args))
         sync()
         meta.on = False
+        for k, v in originals.items():  # time the kernels themselves, not the recording proxies
+            setattr(mod, k, v)
         if cuda:
-            meta.annotate = True
             kernels, gap_ns = _device_kernels(mod, wrapper, args, calls)
-        else:
-            for k, v in originals.items():  # time the kernels themselves, not the recording proxies
+            # A second profiled pass with each launch in a range named after its wrapper line credits
+            # library kernels to the extern call that ran them (its overhead stays out of the gaps).
+            for k, v in proxies.items():
                 setattr(mod, k, v)
+            meta.annotate = True
+            _credit_library_kernels(_profiled_events(mod, args, calls), kernels, calls)
+            for k, v in originals.items():
+                setattr(mod, k, v)
+        else:
             kernels, gap_ns = _cpu_kernels(mod, wrapper, args, calls), None
     for name, m in meta.stats.items():
         if name in kernels:
@@ -214,16 +222,9 @@ def _cpu_kernels(mod, wrapper, args, calls) -> dict:
 
 
 def _device_kernels(mod, wrapper, args, calls) -> tuple[dict, float | None]:
-    """Device time per kernel name (torch.profiler); library kernels credited to the extern call whose
-    profiler range (tilesmith::extern_kernels.mm@LINE) launched them; device idle time between kernels."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """Device time per kernel name (torch.profiler) and device idle time between kernels."""
     names = {k.name: k.kind for k in find_kernels(wrapper)}
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            mod.call(list(args))
-        torch.cuda.synchronize()
-    events = list(prof.events())
+    events = _profiled_events(mod, args, calls)
     out: dict = {}
     for e in events:  # device activity (kernels, copies, memsets), grouped by name
         if not _on_device(e):
@@ -233,8 +234,17 @@ def _device_kernels(mod, wrapper, args, calls) -> tuple[dict, float | None]:
         row["total_ns"] += e.time_range.elapsed_us() * 1000.0
     for row in out.values():
         row["calls"] = max(1, round(row.pop("count") / calls))
-    _credit_library_kernels(events, out, calls)
     return out, _gap_ns(events, calls)
+
+
+def _profiled_events(mod, args, calls) -> list:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            mod.call(list(args))
+        torch.cuda.synchronize()
+    return list(prof.events())
 
 
 def _on_device(e) -> bool:
@@ -251,6 +261,8 @@ def _subtree_kernels(e) -> list:
 
 
 def _credit_library_kernels(events, out: dict, calls: int) -> None:
+    """Rows for extern calls from the ranges `tilesmith::extern_kernels.mm@LINE` of an annotated pass:
+    the device kernels the profiler linked under each; those kernels' own device rows are dropped."""
     for e in events:
         if not e.name.startswith("tilesmith::extern_kernels."):
             continue
@@ -262,17 +274,18 @@ def _credit_library_kernels(events, out: dict, calls: int) -> None:
             row["total_ns"] += k.duration * 1000.0
             if k.name not in row["library_kernels"]:
                 row["library_kernels"].append(k.name)
-            dev = out.get(k.name)
-            if dev is not None and dev["kind"] == "device":  # now credited to the wrapper's call
-                dev["total_ns"] -= k.duration * 1000.0
+    credited = set()
     for key in list(out):
         row = out[key]
         if "_launches" in row:
             row["calls"] = max(1, round(row.pop("_launches") / calls))
             if not row["total_ns"]:
                 del out[key]  # the profiler linked no kernel to this call: its kernels stay as device rows
-        elif row["kind"] == "device" and row["total_ns"] <= 1.0:
-            del out[key]
+            else:
+                credited |= set(row["library_kernels"])
+    for name in credited:  # now shown under the wrapper's call that ran them
+        if out.get(name, {}).get("kind") == "device":
+            del out[name]
 
 
 def _gap_ns(events, calls: int) -> float | None:

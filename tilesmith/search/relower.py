@@ -82,6 +82,8 @@ class RelowerConfig:
     jobs: int = 0  # parallel compile workers; 0: one per usable core (at most the variant count)
     compile_timeout_s: float = 600.0  # one variant (max-autotune with the exhaustive space is slow)
     variants: list[Variant] | None = None  # None: GPU_VARIANTS or CPU_VARIANTS by the graph's device
+    # TILESMITH_RELOWER_ONLY="combo,pdl": keep only variants whose label contains one of these words
+    only: str = field(default_factory=lambda: os.environ.get("TILESMITH_RELOWER_ONLY", ""))
 
 
 def available(graph_dir: str | Path) -> tuple[bool, str]:
@@ -117,8 +119,9 @@ def default_variants(graph_dir: str | Path) -> list[Variant]:
 
 
 def lower_variants(graph_dir: str | Path, variants: list[Variant], *, jobs: int = 0,
-                   timeout_s: float = 600.0) -> list[Lowered]:
-    """Lower the graph under each variant, `jobs` worker processes at a time; results in input order."""
+                   timeout_s: float = 600.0, stop=None) -> list[Lowered]:
+    """Lower the graph under each variant, `jobs` worker processes at a time; results in input order.
+    `stop()` true (the track's time limit) ends the workers still running; their variants are skipped."""
     from tilesmith.gate.proc import usable_cores
 
     jobs = jobs or max(1, usable_cores())
@@ -127,13 +130,18 @@ def lower_variants(graph_dir: str | Path, variants: list[Variant], *, jobs: int 
         running: list[tuple[int, subprocess.Popen, float]] = []
         todo = list(range(len(variants)))
         while todo or running:
-            while todo and len(running) < jobs:
+            stopped = stop is not None and stop()
+            while todo and len(running) < jobs and not stopped:
                 i = todo.pop(0)
                 running.append((i, _start(graph_dir, variants[i], Path(tmp) / f"v{i:02d}"), time.monotonic()))
+            if stopped:
+                for i in todo:
+                    results[i] = Lowered(variants[i], None, "not compiled: the time limit was reached")
+                todo = []
             time.sleep(0.2)
             for item in list(running):
                 i, p, t0 = item
-                if p.poll() is None and time.monotonic() - t0 < timeout_s:
+                if p.poll() is None and time.monotonic() - t0 < timeout_s and not stopped:
                     continue
                 running.remove(item)
                 results[i] = _finish(variants[i], p, Path(tmp) / f"v{i:02d}", timeout_s)
@@ -154,7 +162,7 @@ def _finish(v: Variant, p: subprocess.Popen, base: Path, timeout_s: float) -> Lo
     if p.poll() is None:
         p.kill()
         p.wait()
-        return Lowered(v, None, f"compile did not finish in {timeout_s:.0f} s")
+        return Lowered(v, None, f"compile stopped after {timeout_s:.0f} s or at the time limit")
     lines = [ln for ln in (base / "out.txt").read_text().splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         tail = " | ".join((base / "err.txt").read_text().strip().splitlines()[-2:])
@@ -192,12 +200,14 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
         track.record({"kernel": WHOLE_GRAPH, "variant": "re-lowering", "median_ms": None, "error": why})
         return
     variants = cfg.variants if cfg.variants is not None else default_variants(gdir)
-    lowered = lower_variants(gdir, variants, jobs=cfg.jobs, timeout_s=cfg.compile_timeout_s)
+    words = [w.strip().lower() for w in cfg.only.split(",") if w.strip()]
+    variants = [v for v in variants if not words or any(w in v.label.lower() for w in words)]
+    lowered = lower_variants(gdir, variants, jobs=cfg.jobs, timeout_s=cfg.compile_timeout_s, stop=track.expired)
     gains = _screen(track, lowered, screen_budget_s)
     winners = [lw for g, lw in gains if g > min_gain]
     combo = merge([lw.variant for lw in winners])
     if combo is not None and not track.expired():
-        (lc,) = lower_variants(gdir, [combo], jobs=1, timeout_s=cfg.compile_timeout_s)
+        (lc,) = lower_variants(gdir, [combo], jobs=1, timeout_s=cfg.compile_timeout_s, stop=track.expired)
         cg = _screen(track, [lc], screen_budget_s)
         if cg and cg[0][0] > max(g for g, _ in gains[:1]):
             winners.insert(0, lc)  # the combination screened better than the best single variant
