@@ -9,6 +9,10 @@ dtype); where measuring fails they come from the chip's datasheet, and `source` 
   unknown  neither bytes nor FLOPs are known.
 A graph is `launch`-bound when more than half its wall time is outside kernels (Python, allocation,
 launches), else the class that holds most of its kernel time.
+
+The bandwidth ceiling is the device memory's (a copy far larger than the last-level cache): a kernel
+whose working set stays in cache (H200: 50 MB of L2) can exceed it, which reads as over 100 % and no
+headroom. Ceilings measured on a loaded machine (other processes on the cores or the GPU) are low.
 """
 
 from __future__ import annotations
