@@ -59,7 +59,7 @@ GPU_VARIANTS = [
     Variant("max-autotune GEMM, Triton only", {"max_autotune_gemm": True, "max_autotune_gemm_backends": "TRITON"}),
     Variant("persistent TMA matmul", {"max_autotune_gemm": True, "triton.enable_persistent_tma_matmul": True},
             hopper=True),
-    Variant("split-K decomposition", {"max_autotune_gemm": True, "triton.num_decompose_k_splits": 10,
+    Variant("split-K (decompose-K) for more GEMMs", {"max_autotune_gemm": True, "triton.num_decompose_k_splits": 10,
                                       "triton.decompose_k_threshold": 8}),
     Variant("coordinate-descent tuning", {"coordinate_descent_tuning": True}),
 ]
