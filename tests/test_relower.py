@@ -92,3 +92,12 @@ def test_merge_keeps_the_better_variants_setting_where_two_contradict():
     m = relower.merge([a, b, c])
     assert m.label == "a + c" and m.patch == {"max_autotune_gemm": True, "epilogue_fusion": False, "combo_kernels": True}
     assert relower.merge([a, b]) is None  # one usable variant is no combination
+    later = relower.Variant("c + d", {"combo_kernels": True, "triton.enable_pdl": True})  # a second wave's, on c
+    assert relower.merge([later, c]).label == "c + d"
+
+
+def test_variants_that_autotune_gemms_come_in_a_second_wave():
+    fast, slow = relower._waves(relower.GPU_VARIANTS)
+    assert fast and slow and all(v.patch.get("max_autotune_gemm") for v in slow)
+    assert not any(v.patch.get("max_autotune_gemm") for v in fast)
+    assert relower._waves(relower.CPU_VARIANTS) == [relower.CPU_VARIANTS]

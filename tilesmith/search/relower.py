@@ -6,8 +6,10 @@ repro (tilesmith/capture/repro.py) in its own worker process (compiling is CPU w
 compile in parallel), checked to keep the graph's ABI, then all of them are screened on the whole call
 in the graph's production mode (replayed from a CUDA graph when Inductor runs it under cudagraphs).
 The variants that screen faster are merged into one combined config, which is lowered and screened
-too; the best goes to the gate, then the singles in order of gain. A variant that does not compile,
-names a config this torch lacks, or changes the ABI is skipped and its reason recorded.
+too; the best goes to the gate, then the singles in order of gain. Variants that compile in seconds
+go first; those that autotune GEMMs (minutes) form a second wave on top of what the first accepted.
+A variant that does not compile, names a config this torch lacks, or changes the ABI is skipped and
+its reason recorded.
 """
 
 from __future__ import annotations
@@ -183,14 +185,17 @@ def merge(variants: list[Variant]) -> Variant | None:
             used.append(v.label)
     if len(used) < 2:
         return None
-    return Variant(" + ".join(used), patch, hopper=any(v.hopper for v in variants))
+    parts = [p for lab in used for p in lab.split(" + ")]  # labels of a later wave carry the accepted base
+    return Variant(" + ".join(dict.fromkeys(parts)), patch, hopper=any(v.hopper for v in variants))
 
 
 def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_budget_s: float = 3.0,
            min_gain: float = 0.01):
     """Generator (the tuner's protocol): yields candidates built by make_candidate(text, label) and
-    receives each verdict through send(); stops at the first accepted one. Every variant, screened or
-    skipped, is recorded through track.record()."""
+    receives each verdict through send(). Two waves: the variants that compile in seconds first, then
+    those that autotune GEMMs (minutes; they time on the GPU while compiling, so they never overlap a
+    gate). An accepted candidate's config is kept under the next wave's variants, which must then beat
+    it. Every variant, screened or skipped, is recorded through track.record()."""
     cfg = cfg or RelowerConfig()
     gdir = track.graph_dir
     if not enabled(gdir, cfg) or track.expired():
@@ -202,21 +207,46 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
     variants = cfg.variants if cfg.variants is not None else default_variants(gdir)
     words = [w.strip().lower() for w in cfg.only.split(",") if w.strip()]
     variants = [v for v in variants if not words or any(w in v.label.lower() for w in words)]
-    lowered = lower_variants(gdir, variants, jobs=cfg.jobs, timeout_s=cfg.compile_timeout_s, stop=track.expired)
-    gains = _screen(track, lowered, screen_budget_s)
+    base = Variant("", {})  # the config accepted so far
+    for wave in _waves(variants):
+        wave = [Variant(_joined(base.label, v.label), {**base.patch, **v.patch}, v.hopper) for v in wave
+                if all(base.patch.get(k, val) == val for k, val in v.patch.items())]
+        if not wave or track.expired():
+            return
+        winners = _wave_winners(track, wave, cfg, screen_budget_s, min_gain)
+        for lw in winners:
+            if track.expired():
+                return
+            verdict = yield make_candidate(_as_current(track.best_text, lw.text), LABEL_PREFIX + lw.variant.label)
+            if verdict and verdict.get("accepted"):
+                base = lw.variant
+                break
+
+
+def _waves(variants: list[Variant]) -> list[list[Variant]]:
+    fast = [v for v in variants if not v.patch.get("max_autotune_gemm")]
+    slow = [v for v in variants if v.patch.get("max_autotune_gemm")]
+    return [w for w in (fast, slow) if w]
+
+
+def _joined(a: str, b: str) -> str:
+    return f"{a} + {b}" if a else b
+
+
+def _wave_winners(track, wave: list[Variant], cfg: RelowerConfig, budget_s: float, min_gain: float) -> list[Lowered]:
+    """The wave's variants that screened faster than the current code, best first; the merge of them
+    first when it screens better than the best single one."""
+    gdir = track.graph_dir
+    lowered = lower_variants(gdir, wave, jobs=cfg.jobs, timeout_s=cfg.compile_timeout_s, stop=track.expired)
+    gains = _screen(track, lowered, budget_s)
     winners = [lw for g, lw in gains if g > min_gain]
     combo = merge([lw.variant for lw in winners])
     if combo is not None and not track.expired():
         (lc,) = lower_variants(gdir, [combo], jobs=1, timeout_s=cfg.compile_timeout_s, stop=track.expired)
-        cg = _screen(track, [lc], screen_budget_s)
-        if cg and cg[0][0] > max(g for g, _ in gains[:1]):
+        cg = _screen(track, [lc], budget_s)
+        if cg and cg[0][0] > gains[0][0]:
             winners.insert(0, lc)  # the combination screened better than the best single variant
-    for lw in winners:
-        if track.expired():
-            return
-        verdict = yield make_candidate(_as_current(track.best_text, lw.text), LABEL_PREFIX + lw.variant.label)
-        if verdict and verdict.get("accepted"):
-            return
+    return winners
 
 
 def _screen(track, lowered: list[Lowered], budget_s: float) -> list[tuple[float, Lowered]]:
