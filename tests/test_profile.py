@@ -26,6 +26,8 @@ def test_cpu_profile_has_bytes_flops_wrapper_lines_ceilings_and_classes(inferenc
     mm = next(k for k in p.kernels if k.name == "extern_kernels.addmm")
     # examples/inference.py: [64,128] @ [128,512] then [64,512] @ [512,128], fp32
     assert mm.calls == 2 and mm.flops == 2 * (2 * 64 * 128 * 512) and mm.dtype == "fp32"
+    # bias + input + weight + the out= buffer, fp32: (512 + 64*128 + 512*128 + 64*512) + (128 + 64*512 + 128*512 + 64*128)
+    assert mm.bytes == 4 * (512 + 64 * 128 + 512 * 128 + 64 * 512 + 128 + 64 * 512 + 128 * 512 + 64 * 128)
     assert len(mm.sites) == 2 and all("extern_kernels.addmm(" in text[int(n) - 1] for n in mm.sites)
     for k in p.kernels:
         assert k.bytes > 0 and k.sites and k.klass in ("latency", "memory", "compute")

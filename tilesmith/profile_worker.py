@@ -80,7 +80,7 @@ class _Meta:
         line = sys._getframe(2).f_lineno  # the wrapper's line: launch <- proxy <- wrapper
         if self.on:
             s = self.stats.setdefault(name, {"kind": kind, "bytes": 0, "flops": 0, "dtype": _dtype(args), "sites": {}})
-            s["bytes"] += _nbytes(args)
+            s["bytes"] += _nbytes(list(args) + list(kwargs.values()))  # extern calls write into out=buf
             s["flops"] += _flops(name, args)
             code = self._lines[line - 1].strip()[:160] if 0 < line <= len(self._lines) else ""
             s["sites"][str(line + self._offset)] = code
