@@ -20,7 +20,27 @@ from tilesmith.capture import repro
 from tilesmith.workspace import WRAPPER_FILE
 
 _CONST_DECL = re.compile(r"^(\w+) = None  # device\(", re.M)
-_PARTITION = re.compile(r"^def partition_\d+\(", re.M)
+_GRAPH_INPUT = re.compile(r"^(arg\d+_\d+|primals_\d+|tangents_\d+)$")
+
+
+def _partitions(src: str) -> list[tuple]:
+    """Per `partition_N` function: (the graph inputs it unpacks, how many other inputs, how many outputs)."""
+    import ast
+
+    out = []
+    for node in ast.parse(src).body:
+        if not (isinstance(node, ast.FunctionDef) and re.fullmatch(r"partition_\d+", node.name)):
+            continue
+        names, n_out = [], 0
+        for st in ast.walk(node):
+            if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name) and st.value.id == "args" and not names:
+                t = st.targets[0]
+                names = [e.id for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name)]
+            if isinstance(st, ast.Return) and st.value is not None:
+                n_out = len(st.value.elts) if isinstance(st.value, (ast.Tuple, ast.List)) else 1
+        graph = tuple(n for n in names if _GRAPH_INPUT.match(n))
+        out.append((node.name, graph, len(names) - len(graph), n_out))
+    return out
 
 
 def missing_configs(patch: dict) -> list[str]:
@@ -80,9 +100,10 @@ def abi_problems(gdir: Path, new_src: str) -> tuple[list[str], float | None]:
         c = data.constants.get(name)
         if not isinstance(c, torch.Tensor):
             problems.append(f"needs constant {name}, which the graph does not bind")
-    if len(_PARTITION.findall(new_src)) != len(_PARTITION.findall(orig)):
-        problems.append(f"{len(_PARTITION.findall(new_src))} graph partitions, the original has "
-                        f"{len(_PARTITION.findall(orig))}")
+    if _partitions(new_src) != _partitions(orig):
+        # Inductor's cudagraph trees route inputs and outputs per partition by the original compile's map
+        problems.append(f"graph partitions {_partitions(new_src)}, the original {_partitions(orig)} "
+                        "((graph inputs, other inputs, outputs) per partition)")
     if problems:
         return problems, None
     mod = loading.load_module(new_src, data.constants)
