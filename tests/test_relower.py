@@ -101,3 +101,13 @@ def test_variants_that_autotune_gemms_come_in_a_second_wave():
     assert fast and slow and all(v.patch.get("max_autotune_gemm") for v in slow)
     assert not any(v.patch.get("max_autotune_gemm") for v in fast)
     assert relower._waves(relower.CPU_VARIANTS) == [relower.CPU_VARIANTS]
+
+
+def test_partition_signatures_are_compared_by_graph_inputs_and_counts():
+    from tilesmith.search.relower_worker import _partitions
+
+    a = "def partition_0(args):\n    arg0_1, arg1_1, buf2 = args\n    args.clear()\n    return (buf3, buf4, )\n"
+    b = a.replace("buf2 = args", "buf7 = args").replace("buf3, buf4", "buf9, buf8")  # other buffer names
+    c = a.replace("arg1_1, buf2 = args", "buf2 = args")  # no longer takes graph input arg1_1
+    assert _partitions(a) == _partitions(b) == [("partition_0", ("arg0_1", "arg1_1"), 1, 2)]
+    assert _partitions(c) != _partitions(a) and _partitions("def call(args):\n    pass\n") == []
