@@ -1,5 +1,7 @@
 """Baseline profile of one graph: time per kernel and library call inside one `call`, launch overhead,
-and bytes/FLOPs where they can be derived. Measured in a worker subprocess; statistics here."""
+device gaps between kernels (CUDA), bytes/FLOPs per kernel from its real arguments, achieved GB/s and
+TFLOP/s against the device's ceilings and a roofline class per kernel and per graph
+(tilesmith/roofline.py). Measured in a worker subprocess; statistics here."""
 
 from __future__ import annotations
 
@@ -24,8 +26,18 @@ class KernelTime:
     calls: int  # launches per graph call
     time_ms: float  # per graph call: device time on CUDA (profiler), CPU time on CPU
     share: float  # of the summed kernel time
-    bytes: int = 0  # tensor bytes its arguments span (an upper bound on memory traffic)
-    flops: int = 0  # for matmul-like library calls (2*M*N*K), else 0
+    bytes: int = 0  # per graph call: bytes its tensor arguments span (an upper bound on memory traffic)
+    flops: int = 0  # per graph call: matmul-like calls and templates (2*M*N*K), else 0
+    dtype: str = ""  # float dtype of its largest argument (bf16 | fp16 | fp32), picks the FLOP ceiling
+    gbps: float | None = None  # achieved GB/s (bytes / time)
+    tflops: float | None = None  # achieved TFLOP/s
+    bw_frac: float | None = None  # of the bandwidth ceiling
+    flop_frac: float | None = None  # of the FLOP ceiling for its dtype
+    bound_ms: float | None = None  # roofline time: max(bytes / bandwidth, flops / FLOP rate)
+    headroom_ms: float | None = None  # time_ms - bound_ms: what a kernel at the ceiling would save
+    klass: str = "unknown"  # latency | memory | compute | unknown (tilesmith/roofline.py)
+    sites: dict = field(default_factory=dict)  # wrapper file line -> the code there that launches it
+    library_kernels: list = field(default_factory=list)  # device kernels a library call ran (CUDA)
 
 
 @dataclass
@@ -38,6 +50,11 @@ class Profile:
     launch_overhead_share: float
     kernels: list[KernelTime] = field(default_factory=list)
     wall_samples_ms: list[float] = field(default_factory=list)
+    gap_ms: float | None = None  # device idle between consecutive kernels per call (CUDA), else None
+    klass: str = "unknown"  # launch | latency | memory | compute | unknown
+    headroom_ms: float = 0.0  # summed kernel headroom (roofline), per call
+    ceilings: dict = field(default_factory=dict)  # roofline.Ceilings.to_dict(): measured or datasheet
+    counters: str = ""  # whether hardware counters (ncu) were readable, said plainly
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,17 +87,30 @@ def profile_graph(graph_dir: str | Path, source_text: str | None = None, *, time
 
 
 def summarize(raw: dict) -> Profile:
-    """Raw worker samples -> Profile (medians; shares of the summed kernel time)."""
+    """Raw worker samples -> Profile (medians; shares of the summed kernel time; roofline per kernel)."""
+    from tilesmith import roofline
+
     wall = [ns / 1e6 for ns in raw["wall_ns"]]
     wall_ms = statistics.median(wall)
+    ceil = raw.get("ceilings") or None
     kernels = []
     for name, k in raw["kernels"].items():
         per_call_ms = statistics.median(k["ns"]) / 1e6 if k.get("ns") else k.get("total_ns", 0) / 1e6 / raw["profiled_calls"]
-        kernels.append(KernelTime(name, k["kind"], int(k["calls"]), per_call_ms, 0.0, int(k.get("bytes", 0)), int(k.get("flops", 0))))
+        kt = KernelTime(name, k["kind"], int(k["calls"]), per_call_ms, 0.0, int(k.get("bytes", 0)),
+                        int(k.get("flops", 0)), str(k.get("dtype", "")), sites=dict(k.get("sites") or {}),
+                        library_kernels=list(k.get("library_kernels") or []))
+        r = roofline.classify(kt.time_ms, kt.bytes, kt.flops, kt.dtype or "fp32", ceil, str(raw["device"]))
+        kt.gbps, kt.tflops, kt.bw_frac, kt.flop_frac = r.gbps, r.tflops, r.bw_frac, r.flop_frac
+        kt.bound_ms, kt.headroom_ms, kt.klass = r.bound_ms, r.headroom_ms, r.klass
+        kernels.append(kt)
     total = sum(k.time_ms for k in kernels)
     for k in kernels:
         k.share = k.time_ms / total if total > 0 else 0.0
     kernels.sort(key=lambda k: k.time_ms, reverse=True)
     overhead = max(0.0, wall_ms - total)
-    return Profile(raw["key"], raw["device"], wall_ms, total, overhead, overhead / wall_ms if wall_ms > 0 else 0.0,
-                   kernels, wall)
+    share = overhead / wall_ms if wall_ms > 0 else 0.0
+    gap = raw.get("gap_ns")
+    return Profile(raw["key"], raw["device"], wall_ms, total, overhead, share, kernels, wall,
+                   gap_ms=gap / 1e6 if gap is not None else None, klass=roofline.graph_class(share, kernels),
+                   headroom_ms=sum(k.headroom_ms or 0.0 for k in kernels), ceilings=dict(ceil or {}),
+                   counters=str(raw.get("counters") or ""))

@@ -17,29 +17,114 @@ from tilesmith.search.kernels import find_kernels
 
 
 def _nbytes(args) -> int:
+    """Bytes the tensor arguments span (each view's extent, a storage counted once per extent): an
+    upper bound on the kernel's memory traffic that does not count unused parts of pooled buffers."""
     seen, total = set(), 0
     for a in args:
         if isinstance(a, torch.Tensor) and a.numel():
-            sid = a.untyped_storage().data_ptr()
-            if sid not in seen:
-                seen.add(sid)
-                total += a.untyped_storage().nbytes()
+            extent = 1 + sum((n - 1) * abs(st) for n, st in zip(a.shape, a.stride()))
+            key = (a.data_ptr(), extent)
+            if key not in seen:
+                seen.add(key)
+                total += extent * a.element_size()
     return total
 
 
 def _flops(name: str, args) -> int:
+    """2*M*N*K for matmul-like calls: library mm/addmm/bmm/baddbmm and Inductor's mm templates."""
     t = [a for a in args if isinstance(a, torch.Tensor)]
     try:
-        if name.endswith(("mm", "addmm")) and len(t) >= 2:
+        if name.startswith("triton_tem_") and "mm" in name:
+            return _template_flops(t)
+        if name.endswith(("mm", "addmm")) and not name.endswith(("bmm", "baddbmm")) and len(t) >= 2:
             a, b = (t[-2], t[-1]) if name.endswith("addmm") else (t[0], t[1])
             if a.dim() == 2 and b.dim() == 2:
                 return 2 * a.shape[0] * a.shape[1] * b.shape[1]
         if name.endswith(("bmm", "baddbmm")) and len(t) >= 2:
-            a, b = t[-2], t[-1]
+            a, b = (t[-2], t[-1]) if name.endswith("baddbmm") else (t[0], t[1])
             return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
     except Exception:
         return 0
     return 0
+
+
+def _template_flops(t) -> int:
+    """A matmul template's operands: the first two tensors with matching inner dimensions."""
+    for i, a in enumerate(t):
+        for b in t[i + 1:]:
+            if a.dim() == b.dim() == 2 and a.shape[1] == b.shape[0]:
+                return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+            if a.dim() == b.dim() == 3 and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1]:
+                return 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    return 0
+
+
+_DT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def _dtype(args) -> str:
+    """The float dtype of the largest tensor argument (picks the FLOP ceiling)."""
+    t = [a for a in args if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
+    return _DT.get(max(t, key=lambda a: a.numel()).dtype, "fp32") if t else "fp32"
+
+
+class _Meta:
+    """Records, for one graph call, each kernel's launches, argument bytes, FLOPs, dtype and the wrapper
+    lines that launch it; `annotate` also wraps each launch in a profiler range named after its line."""
+
+    def __init__(self, offset: int, lines: list[str]):
+        self.on, self.annotate, self.stats = False, False, {}
+        self._offset, self._lines = offset, lines
+
+    def launch(self, name: str, kind: str, fn, args, kwargs):
+        line = sys._getframe(2).f_lineno  # the wrapper's line: launch <- proxy <- wrapper
+        if self.on:
+            s = self.stats.setdefault(name, {"kind": kind, "bytes": 0, "flops": 0, "dtype": _dtype(args), "sites": {}})
+            s["bytes"] += _nbytes(list(args) + list(kwargs.values()))  # extern calls write into out=buf
+            s["flops"] += _flops(name, args)
+            code = self._lines[line - 1].strip()[:160] if 0 < line <= len(self._lines) else ""
+            s["sites"][str(line + self._offset)] = code
+        if self.annotate:
+            with torch.profiler.record_function(f"tilesmith::{name}@{line + self._offset}"):
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+
+class _Kernel:
+    """Stands in for a kernel global: Triton kernels launch through .run, C++ kernels are called."""
+
+    def __init__(self, inner, name, kind, meta):
+        self._inner, self._name, self._kind, self._meta = inner, name, kind, meta
+
+    def run(self, *args, **kwargs):
+        return self._meta.launch(self._name, self._kind, self._inner.run, args, kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return self._meta.launch(self._name, self._kind, self._inner, args, kwargs)
+
+    def __getattr__(self, attr):
+        return getattr(self._inner, attr)
+
+
+class _ExternMeta:
+    def __init__(self, inner, meta):
+        self._inner, self._meta = inner, meta
+
+    def __getattr__(self, attr):
+        fn, name, meta = getattr(self._inner, attr), f"extern_kernels.{attr}", self._meta
+        return lambda *a, **k: meta.launch(name, "extern", fn, a, k)
+
+
+def _instrument(mod, text: str) -> _Meta:
+    """Wrap every kernel global and extern_kernels of `mod` so one call records their metadata."""
+    wrapper = source.split_header(text)[1]
+    meta = _Meta(text[: len(text) - len(wrapper)].count("\n"), wrapper.splitlines())
+    for k in find_kernels(wrapper):
+        if hasattr(mod, k.name):
+            setattr(mod, k.name, _Kernel(getattr(mod, k.name), k.name, k.kind, meta))
+    if hasattr(mod, "extern_kernels"):
+        mod.extern_kernels = _ExternMeta(mod.extern_kernels, meta)
+    return meta
 
 
 class _Timed:
@@ -47,7 +132,7 @@ class _Timed:
 
     def __init__(self, fn, name, kind, stats):
         self._fn, self._name, self._stats = fn, name, stats
-        stats.setdefault(name, {"kind": kind, "calls": 0, "cur": 0, "ns": [], "bytes": 0, "flops": 0})
+        stats.setdefault(name, {"kind": kind, "calls": 0, "cur": 0, "ns": []})
 
     def __call__(self, *args, **kwargs):
         s = self._stats[self._name]
@@ -55,9 +140,6 @@ class _Timed:
         out = self._fn(*args, **kwargs)
         s["cur"] += time.perf_counter_ns() - t0
         s["calls_cur"] = s.get("calls_cur", 0) + 1
-        if not s["bytes"]:
-            s["bytes"] = _nbytes(args)
-            s["flops"] = _flops(self._name, args)
         return out
 
 
@@ -70,6 +152,8 @@ class _ExternProxy:
 
 
 def main(gdir: str, src_file: str, calls: int) -> dict:
+    from tilesmith import roofline
+
     data = loading.load_graph_data(gdir)
     text = open(src_file).read()
     mod = loading.load_module(text, data.constants)
@@ -87,9 +171,36 @@ def main(gdir: str, src_file: str, calls: int) -> dict:
             sync()
             wall.append(time.perf_counter_ns() - t0)
         wrapper = source.split_header(text)[1]
-        kernels = _device_kernels(mod, wrapper, args, calls) if cuda else _cpu_kernels(mod, wrapper, args, calls)
+        originals = {k: getattr(mod, k) for k in [k.name for k in find_kernels(wrapper)] + ["extern_kernels"]
+                     if hasattr(mod, k)}
+        meta = _instrument(mod, text)
+        proxies = {k: getattr(mod, k) for k in originals}
+        meta.on = True  # one untimed call records what every kernel was launched with
+        mod.call(list(args))
+        sync()
+        meta.on = False
+        for k, v in originals.items():  # time the kernels themselves, not the recording proxies
+            setattr(mod, k, v)
+        if cuda:
+            kernels, gap_ns = _device_kernels(mod, wrapper, args, calls)
+            # A second profiled pass with each launch in a range named after its wrapper line credits
+            # library kernels to the extern call that ran them (its overhead stays out of the gaps).
+            for k, v in proxies.items():
+                setattr(mod, k, v)
+            meta.annotate = True
+            _credit_library_kernels(_profiled_events(mod, args, calls), kernels, calls)
+            for k, v in originals.items():
+                setattr(mod, k, v)
+        else:
+            kernels, gap_ns = _cpu_kernels(mod, wrapper, args, calls), None
+    for name, m in meta.stats.items():
+        if name in kernels:
+            kernels[name].update(bytes=m["bytes"], flops=m["flops"], dtype=m["dtype"], sites=m["sites"])
+    device = "cuda:%d" % (next(a for a in args if isinstance(a, torch.Tensor) and a.is_cuda).device.index or 0) \
+        if cuda else "cpu"
     return {"key": data.meta["key"], "device": data.meta["device"], "wall_ns": wall, "kernels": kernels,
-            "profiled_calls": calls}
+            "profiled_calls": calls, "gap_ns": gap_ns, "ceilings": roofline.measure(device).to_dict(),
+            "counters": roofline.counters_note(cuda)}
 
 
 def _cpu_kernels(mod, wrapper, args, calls) -> dict:
@@ -110,24 +221,84 @@ def _cpu_kernels(mod, wrapper, args, calls) -> dict:
     return {n: {k: v for k, v in s.items() if k not in ("cur", "calls_cur")} for n, s in stats.items() if s["ns"]}
 
 
-def _device_kernels(mod, wrapper, args, calls) -> dict:
+def _device_kernels(mod, wrapper, args, calls) -> tuple[dict, float | None]:
+    """Device time per kernel name (torch.profiler) and device idle time between kernels."""
+    names = {k.name: k.kind for k in find_kernels(wrapper)}
+    events = _profiled_events(mod, args, calls)
+    out: dict = {}
+    for e in events:  # device activity (kernels, copies, memsets), grouped by name
+        if not _on_device(e):
+            continue
+        row = out.setdefault(e.name, {"kind": names.get(e.name, "device"), "count": 0, "total_ns": 0.0})
+        row["count"] += 1
+        row["total_ns"] += e.time_range.elapsed_us() * 1000.0
+    for row in out.values():
+        row["calls"] = max(1, round(row.pop("count") / calls))
+    return out, _gap_ns(events, calls)
+
+
+def _profiled_events(mod, args, calls) -> list:
     from torch.profiler import ProfilerActivity, profile
 
-    names = {k.name: k.kind for k in find_kernels(wrapper)}
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             mod.call(list(args))
         torch.cuda.synchronize()
-    out: dict = {}
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None)
-        if t is None:
-            t = getattr(e, "cuda_time_total", 0)
-        if not t or e.count == 0:
+    return list(prof.events())
+
+
+def _on_device(e) -> bool:
+    return str(getattr(e, "device_type", "")).endswith(("CUDA", "PrivateUse1"))
+
+
+def _subtree_kernels(e) -> list:
+    found, stack = [], [e]
+    while stack:
+        x = stack.pop()
+        found += list(getattr(x, "kernels", None) or [])
+        stack += list(getattr(x, "cpu_children", None) or [])
+    return found
+
+
+def _credit_library_kernels(events, out: dict, calls: int) -> None:
+    """Rows for extern calls from the ranges `tilesmith::extern_kernels.mm@LINE` of an annotated pass:
+    the device kernels the profiler linked under each; those kernels' own device rows are dropped."""
+    for e in events:
+        if not e.name.startswith("tilesmith::extern_kernels."):
             continue
-        kind = names.get(e.key, "device")
-        out[e.key] = {"kind": kind, "calls": max(1, round(e.count / calls)), "total_ns": t * 1000.0}
-    return out
+        name = e.name[len("tilesmith::"):].rsplit("@", 1)[0]
+        row = out.setdefault(name, {"kind": "extern", "calls": 0, "total_ns": 0.0, "library_kernels": [],
+                                    "_launches": 0})
+        row["_launches"] += 1
+        for k in _subtree_kernels(e):
+            row["total_ns"] += k.duration * 1000.0
+            if k.name not in row["library_kernels"]:
+                row["library_kernels"].append(k.name)
+    credited = set()
+    for key in list(out):
+        row = out[key]
+        if "_launches" in row:
+            row["calls"] = max(1, round(row.pop("_launches") / calls))
+            if not row["total_ns"]:
+                del out[key]  # the profiler linked no kernel to this call: its kernels stay as device rows
+            else:
+                credited |= set(row["library_kernels"])
+    for name in credited:  # now shown under the wrapper's call that ran them
+        if out.get(name, {}).get("kind") == "device":
+            del out[name]
+
+
+def _gap_ns(events, calls: int) -> float | None:
+    """Device idle time between consecutive kernels, per graph call (the calls ran back to back)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if _on_device(e) and e.time_range.end > e.time_range.start)
+    if len(spans) < 2:
+        return None
+    gap, end = 0.0, spans[0][1]
+    for a, b in spans[1:]:
+        gap += max(0.0, a - end)
+        end = max(end, b)
+    return gap * 1000.0 / calls  # us -> ns
 
 
 if __name__ == "__main__":

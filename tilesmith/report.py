@@ -26,6 +26,15 @@ class KernelRow:
     calls: int  # launches per graph call
     time_ms: float  # per graph call
     share: float  # of the graph's summed kernel time
+    bytes: int = 0  # per graph call, from its arguments (tilesmith/profile.py)
+    flops: int = 0
+    gbps: float | None = None  # achieved
+    tflops: float | None = None
+    bw_frac: float | None = None  # of the device's bandwidth ceiling
+    flop_frac: float | None = None  # of its FLOP ceiling
+    headroom_ms: float | None = None  # time above the roofline bound
+    klass: str = ""  # latency | memory | compute | unknown
+    site: str = ""  # the wrapper line that launches it ("L338: extern_kernels.addmm(...)"), first of several
 
 
 @dataclass
@@ -46,6 +55,9 @@ class CandidateRow:
     speedup: float | None = None
     speedup_low: float | None = None
     speedup_high: float | None = None
+    # the gate's first reason as a sentence (which input set, which output, error against the allowed
+    # error), so a rejection reads without opening the verdict file
+    why: str = ""
 
 
 @dataclass
@@ -74,6 +86,11 @@ class GraphReport:
     top_kernels: list[KernelRow] = field(default_factory=list)
     other_kernels_ms: float = 0.0
     notes: list[str] = field(default_factory=list)
+    profile_class: str = ""  # launch | latency | memory | compute | unknown (baseline profile)
+    gap_ms: float | None = None  # device idle between kernels per call (CUDA)
+    headroom_ms: float | None = None  # summed kernel time above the roofline bounds
+    ceilings: str = ""  # the device ceilings the fractions are against, and their source
+    counters: str = ""  # whether hardware counters were read
 
 
 @dataclass
@@ -192,7 +209,10 @@ def _graph(rdir: Path, key: str, entry, info, started) -> tuple[GraphReport, lis
         lo, hi = _cached_interval(cached, notes)
     best_ms = baseline_ms / sp if baseline_ms and sp else None
     kernels, other_ms, kernel_ms, overhead_ms = _kernels(prof, notes)
-    return GraphReport(
+    pr = prof if isinstance(prof, dict) else {}
+    return GraphReport(profile_class=str(pr.get("klass") or ""), gap_ms=_f(pr.get("gap_ms")),
+        headroom_ms=_f(pr.get("headroom_ms")), ceilings=_ceilings_text(pr.get("ceilings")),
+        counters=str(pr.get("counters") or ""),
         key=key, kind=str(t.get("kind") or (info.kind if info else "?")),
         eligible=info.eligible if info else None,
         ineligible_reason=info.reason if info else "", seen=info.seen if info else None,
@@ -231,7 +251,23 @@ def _candidate(key: str, index: int, v: dict, f: Path, started) -> CandidateRow:
     return CandidateRow(key, index, str(v.get("label") or ("submitted" if index == 0 else f"candidate {index}")),
                         t_s, float(v["wall_s"]) if _num(v.get("wall_s")) else None, bool(v.get("accepted")),
                         str(v.get("stage") or "?"), [str(r.get("code")) for r in v.get("reasons") or [] if isinstance(r, dict)],
-                        _f(tm.get("speedup")), min(lows) if lows else None, max(highs) if highs else None)
+                        _f(tm.get("speedup")), min(lows) if lows else None, max(highs) if highs else None,
+                        _why(v))
+
+
+def _why(v: dict) -> str:
+    if v.get("accepted"):
+        return ""
+    r = next((r for r in v.get("reasons") or [] if isinstance(r, dict) and r.get("message")), None)
+    return str(r["message"])[:300] if r else ""
+
+
+def _ceilings_text(c) -> str:
+    if not isinstance(c, dict) or not c:
+        return ""
+    bw = f"{c['bandwidth_gbps']:.0f} GB/s" if _num(c.get("bandwidth_gbps")) else "bandwidth unknown"
+    fl = ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in (c.get("tflops") or {}).items() if _num(v))
+    return f"{c.get('name') or c.get('device') or '?'}: {bw}{', ' + fl if fl else ''} ({c.get('source') or '?'})"
 
 
 def _timing(v: dict) -> dict:
@@ -267,13 +303,24 @@ def _kernels(prof, notes: list[str]):
         return [], 0.0, None, None
     try:
         rows = [KernelRow(str(k["name"]), str(k.get("kind", "?")), int(k.get("calls", 0)), float(k["time_ms"]),
-                          float(k.get("share", 0.0))) for k in prof.get("kernels") or []]
+                          float(k.get("share", 0.0)), int(k.get("bytes") or 0), int(k.get("flops") or 0),
+                          _f(k.get("gbps")), _f(k.get("tflops")), _f(k.get("bw_frac")), _f(k.get("flop_frac")),
+                          _f(k.get("headroom_ms")), str(k.get("klass") or ""), _site(k.get("sites")))
+                for k in prof.get("kernels") or []]
     except (KeyError, TypeError, ValueError) as e:
         notes.append(f"baseline profile: unreadable kernel list ({type(e).__name__}: {e})")
         return [], 0.0, None, None
     rows.sort(key=lambda k: -k.time_ms)
     other = float(sum(k.time_ms for k in rows[TOP_KERNELS:]))
     return rows[:TOP_KERNELS], other, _f(prof.get("kernel_ms")), _f(prof.get("launch_overhead_ms"))
+
+
+def _site(sites) -> str:
+    if not isinstance(sites, dict) or not sites:
+        return ""
+    line = min(sites, key=lambda x: int(x) if str(x).isdigit() else 0)
+    more = f" (+{len(sites) - 1} more)" if len(sites) > 1 else ""
+    return f"L{line}: {sites[line]}{more}"
 
 
 def _model_calls(pdir: Path, t: dict, notes: list[str]) -> int | None:

@@ -216,12 +216,17 @@ def _candidates_table(r: Report) -> str:
     rows = []
     for c in r.candidates:
         res = "accepted" if c.accepted else f"rejected at {c.stage}" + (f" ({', '.join(c.reasons)})" if c.reasons else "")
+        res += f": {c.why}" if c.why else ""
         sp = "—" if c.speedup is None else f"{c.speedup:.3f}× [{_fmt(c.speedup_low)}, {_fmt(c.speedup_high)}]"
         rows.append(f"<tr data-key='{_e(c.key)}' data-index='{c.index}' data-accepted='{int(c.accepted)}'>"
                     f"{_td('t_s', c.t_s, _fmt(c.t_s, 1))}<td><code>{_e(c.key[:12])}</code></td><td>{c.index}</td>"
                     f"<td>{_e(c.label)}</td><td>{_e(res)}</td>{_td('speedup', c.speedup, sp)}"
                     f"{_td('wall_s', c.wall_s, _fmt(c.wall_s, 1))}</tr>")
     return _table("candidates", head, rows)
+
+
+def _rate(v, frac) -> str:
+    return "-" if v is None else f"{v:.3g}" + (f" ({100 * frac:.0f} %)" if frac is not None else "")
 
 
 def _kernel_tables(r: Report) -> str:
@@ -231,10 +236,18 @@ def _kernel_tables(r: Report) -> str:
             continue
         rows = [f"<tr data-key='{_e(g.key)}' data-kernel='{_e(k.name)}'><td><code>{_e(k.name)}</code></td><td>{_e(k.kind)}</td>"
                 f"<td class='num'>{k.calls}</td>{_td('time_ms', k.time_ms, _fmt(k.time_ms, 4))}"
-                f"{_td('share', k.share, f'{100 * k.share:.1f} %')}</tr>" for k in g.top_kernels]
+                f"{_td('share', k.share, f'{100 * k.share:.1f} %')}"
+                f"{_td('gbps', k.gbps, _rate(k.gbps, k.bw_frac))}{_td('tflops', k.tflops, _rate(k.tflops, k.flop_frac))}"
+                f"<td>{_e(k.klass or '-')}</td>{_td('headroom_ms', k.headroom_ms, _fmt(k.headroom_ms, 4))}"
+                f"<td><code>{_e(k.site)}</code></td></tr>" for k in g.top_kernels]
+        gap = f", device idle between kernels {_fmt(g.gap_ms, 4)} ms" if g.gap_ms is not None else ""
         out.append(f"<h3><code>{_e(g.key[:12])}</code> <span class='muted'>{_e(g.kind)}: kernels {_fmt(g.kernel_ms, 4)} ms, "
-                   f"launch overhead {_fmt(g.launch_overhead_ms, 4)} ms</span></h3>")
-        out.append(_table(f"kernels-{g.key[:12]}", ["kernel", "kind", "calls", "ms per call", "share"], rows))
+                   f"launch overhead {_fmt(g.launch_overhead_ms, 4)} ms{_e(gap)}"
+                   f"{_e(', ' + g.profile_class + '-bound') if g.profile_class else ''}</span></h3>")
+        if g.ceilings:
+            out.append(f"<p class='muted'>ceilings: {_e(g.ceilings)}. {_e(g.counters)}</p>")
+        out.append(_table(f"kernels-{g.key[:12]}", ["kernel", "kind", "calls", "ms per call", "share", "GB/s (of peak)",
+                                                    "TFLOP/s (of peak)", "class", "headroom ms", "wrapper line"], rows))
     return "".join(out)
 
 

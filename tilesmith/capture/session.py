@@ -75,6 +75,7 @@ class CaptureSession:
         (gdir / WRAPPER_FILE).write_text(source.add_header(fx, canon))
         meta = self._graph_meta(g, info, consts)
         meta["environment"] = env
+        _store_repro(g, gdir, meta, consts)
         write_json(gdir / GRAPH_FILE, meta)
         self._wrap_first_call(g, info, gdir, meta)
 
@@ -221,6 +222,20 @@ class CaptureSession:
             info.eligible, info.reason = False, note
         meta.update(data_stored=False, data_note=note, eligible=info.eligible, reason=info.reason)
         write_json(gdir / GRAPH_FILE, meta)
+
+
+def _store_repro(g, gdir: Path, meta: dict, consts: dict) -> None:
+    """Keep the runnable repro Inductor lowered (re-lowering under other configs needs it)."""
+    from tilesmith.capture import repro
+
+    try:
+        text = getattr(g, "runnable_graph_str", None) or ""
+        st = repro.status(text, consts)
+        if text:
+            (gdir / repro.REPRO_FILE).write_text(repro.clean(text))
+    except Exception as e:  # never break the user's program over a capture problem
+        st = repro.ReproStatus(False, f"could not store the repro: {e!r}"[:300])
+    meta["relower"] = st.to_dict()
 
 
 def _rng_state(refs) -> dict:

@@ -29,6 +29,13 @@ class ValueCheck:
     ref_cand: float | None = None
     ref_orig: float | None = None
     why: str = ""  # "" | "nonfinite" | "values" | "precision"
+    # which test decided, for the reason text: "tolerance" (against the original, dtype rtol/atol),
+    # "ref64-max" (worst element against the float64 reference), "ref64-rms" (RMS against it, half precision)
+    test: str = "tolerance"
+    rms_cand: float | None = None
+    rms_orig: float | None = None
+    rms_allowed: float | None = None
+    dtype: str = ""
 
 
 def compare_values(cand, orig, ref=None) -> ValueCheck:
@@ -52,7 +59,7 @@ def compare_values(cand, orig, ref=None) -> ValueCheck:
     rtol, atol = _TOL.get(orig.dtype, (1e-3, 1e-3))
     allowed = rtol * o.abs() + atol * scale
     res = ValueCheck(bool((diff <= allowed).all()), float(diff.max()), float(diff.max()) / scale,
-                     float(allowed.max()))
+                     float(allowed.max()), dtype=str(orig.dtype).removeprefix("torch."))
     if ref is not None and isinstance(ref, torch.Tensor) and ref.shape == orig.shape:
         # With a float64 reference the tolerance is calibrated: the candidate may be a few times less
         # accurate than the original (reordered sums), never an order of magnitude (lower precision).
@@ -65,6 +72,7 @@ def compare_values(cand, orig, ref=None) -> ValueCheck:
         floor = REF64_FLOOR_EPS * _EPS.get(orig.dtype, 1e-3) * rscale
         res.allowed = REF64_FACTOR * res.ref_orig + floor
         res.ok = res.ref_cand <= res.allowed
+        res.test = "ref64-max"
         if orig.dtype in (torch.float16, torch.bfloat16):
             # Half-precision outputs: the original's error is mostly the final rounding, so the worst
             # element barely moves when a candidate accumulates in bf16; the RMS error does (2-6x).
@@ -72,7 +80,9 @@ def compare_values(cand, orig, ref=None) -> ValueCheck:
             # precision downgrade is 1000x off anyway.)
             rms_c = float((c - r).square().mean().sqrt())
             rms_o = float((o - r).square().mean().sqrt())
-            res.ok = res.ok and rms_c <= REF64_RMS_FACTOR * rms_o + floor / 20
+            res.rms_cand, res.rms_orig, res.rms_allowed = rms_c, rms_o, REF64_RMS_FACTOR * rms_o + floor / 20
+            if res.ok and rms_c > res.rms_allowed:
+                res.ok, res.test = False, "ref64-rms"
     if not res.ok:
         # Close to the original yet outside tolerance: the signature of computing in lower precision.
         band = max(PRECISION_BAND, 16 * _EPS.get(orig.dtype, 0.0))
@@ -138,8 +148,19 @@ def _layout_reason(name: str, i: int, cl: dict, ol: dict) -> Reason | None:
 
 
 def _value_reason(name: str, what: str, v: ValueCheck) -> Reason:
+    """One sentence: which input set, which output, which test, the error against what it was allowed."""
     if v.why == "nonfinite":
         return Reason("wrong-values", f"set {name}: {what} has NaN/Inf where the original does not (or vice versa)")
+    code = "precision" if v.why == "precision" else "wrong-values"
+    if v.test == "ref64-rms":
+        return Reason(code, f"set {name}: {what} ({v.dtype}) has RMS error {v.rms_cand:.3g} against the float64 "
+                            f"reference, the original {v.rms_orig:.3g} (allowed {v.rms_allowed:.3g} = "
+                            f"{REF64_RMS_FACTOR:g}x + rounding floor); worst element {v.ref_cand:.3g} was within its "
+                            f"{v.allowed:.3g}; max abs difference from the original {v.abs_error:.3g}")
+    if v.test == "ref64-max" and v.why != "precision":
+        return Reason(code, f"set {name}: {what} ({v.dtype}) is {v.ref_cand:.3g} from the float64 reference at worst, "
+                            f"the original {v.ref_orig:.3g} (allowed {v.allowed:.3g} = {REF64_FACTOR:g}x + rounding "
+                            f"floor); max abs difference from the original {v.abs_error:.3g} (relative {v.rel_error:.3g})")
     if v.why == "precision" and v.ref_cand is not None:
         return Reason("precision", f"set {name}: {what} is {v.ref_cand:.3g} from the float64 reference, the "
                                    f"original {v.ref_orig:.3g} (allowed {v.allowed:.3g}): lower precision")

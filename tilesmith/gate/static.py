@@ -156,6 +156,11 @@ def _check_node(node, module_mutables: set[str]) -> list[Finding]:
     return out
 
 
+# The vetted helpers a candidate may import (module -> the one name): trusted code that needs what
+# candidates may not touch (streams, events, state across calls).
+_HELPERS = {"tilesmith.cudagraph": "graphed", "tilesmith.streams": "side_by_side"}
+
+
 def _check_import(node) -> list[Finding]:
     line = node.lineno
     if isinstance(node, ast.Import):
@@ -169,11 +174,12 @@ def _check_import(node) -> list[Finding]:
     if any(n.split(".")[0] == "tilesmith" for n in names):
         # One sanctioned helper (trusted code a candidate cannot write itself); the rest of tilesmith
         # reaches the store, the gate and the environment.
-        if isinstance(node, ast.ImportFrom) and node.module == "tilesmith.cudagraph" \
-                and all(a.name == "graphed" for a in node.names):
+        if isinstance(node, ast.ImportFrom) and node.module in _HELPERS \
+                and all(a.name == _HELPERS[node.module] for a in node.names):
             return []
         return [Finding("static-tilesmith", f"imports {names[0]}: a candidate may import only "
-                                            "`from tilesmith.cudagraph import graphed`", line)]
+                                            "`from tilesmith.cudagraph import graphed` and "
+                                            "`from tilesmith.streams import side_by_side`", line)]
     out = []
     for n in names:
         top = n.split(".")[0]

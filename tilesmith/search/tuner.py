@@ -3,7 +3,8 @@
 First, for a CUDA graph that runs as plain launches and spends much of its time outside kernels
 (the baseline profile's launch overhead), the whole call replayed from a CUDA graph
 (`tilesmith.cudagraph`): screened against the current source, and handed to the gate when it screens
-faster. Then, for each kernel, in order of its share of the graph's time, the launch parameters its
+faster. Next, the graph lowered again by Inductor under config variants (tilesmith/search/relower.py).
+Then, for each kernel, in order of its share of the graph's time, the launch parameters its
 generated source allows (Triton block sizes, warps, stages; C++ OpenMP thread counts, the serial
 path), screened cheaply on the whole call; the best per kernel are assembled and the assembled
 wrapper goes to the gate. Each loop starts from the best confirmed source and tunes the kernels not
@@ -46,6 +47,10 @@ def search(track: Track, config: TunerConfig | None = None) -> Generator[Candida
                       "current_ms": current, "samples": len(r.samples_ms), "error": r.error})
         if current and r.median_ms and current / r.median_ms - 1 > cfg.min_gain:
             yield Candidate(text, _graphed_label(track))
+    # Whole-graph re-lowering under Inductor config variants (tilesmith/search/relower.py).
+    from tilesmith.search import relower
+
+    yield from relower.search(track, Candidate, screen_budget_s=cfg.screen_budget_s, min_gain=cfg.min_gain)
     while True:
         base_text = track.best_text
         header, base = _split(base_text)
@@ -100,8 +105,10 @@ def _split(text: str) -> tuple[str, str]:
 
 
 def _ordered(kernels: list, profile) -> list:
-    """Kernels by their share of the baseline profile, biggest first; unprofiled ones last."""
-    share = {k.name: k.time_ms for k in (profile.kernels if profile else [])}
+    """Kernels by their roofline headroom in the baseline profile (time a kernel at the device's
+    ceilings would save), else their time, biggest first; unprofiled ones last."""
+    share = {k.name: (k.headroom_ms if getattr(k, "headroom_ms", None) is not None else k.time_ms)
+             for k in (profile.kernels if profile else [])}
     return sorted(kernels, key=lambda k: -share.get(k.name, -1.0))
 
 

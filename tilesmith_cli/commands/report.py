@@ -47,10 +47,21 @@ def _render(r) -> None:
              "-" if g.model_calls is None else g.model_calls] for g in r.graphs]
     out.print(console.table("graphs (ms per call)", ["graph", "kind", "eligible", "status", "baseline", "best",
                                                      "speedup [interval]", "loops", "tried", "rejected", "model calls"], rows))
-    rows = [[g.key[:12], k.name, k.kind, k.calls, f"{k.time_ms:.4f}", f"{100 * k.share:.1f}%"]
+    rows = [[g.key[:12], k.name, k.kind, k.calls, f"{k.time_ms:.4f}", f"{100 * k.share:.1f}%", _rate(k.gbps, k.bw_frac),
+             _rate(k.tflops, k.flop_frac), k.klass or "-", _f(k.headroom_ms, 4)]
             for g in r.graphs for k in g.top_kernels[:3]]
     if rows:
-        out.print(console.table("top kernels (baseline profile)", ["graph", "kernel", "kind", "calls", "ms", "share"], rows))
+        out.print(console.table("top kernels (baseline profile)", ["graph", "kernel", "kind", "calls", "ms", "share",
+                                                                   "GB/s (of peak)", "TFLOP/s (of peak)", "class",
+                                                                   "headroom ms"], rows))
+    for g in r.graphs:
+        if g.profile_class:
+            gap = f", device idle between kernels {g.gap_ms:.4f} ms/call" if g.gap_ms is not None else ""
+            out.print(f"[dim]{g.key[:12]}: {g.profile_class}-bound{gap}; ceilings {g.ceilings}; {g.counters}[/dim]",
+                      markup=True)
+    rows = [[c.key[:12], c.label[:60], c.stage, c.why] for c in r.candidates if not c.accepted and c.why][:10]
+    if rows:
+        out.print(console.table("rejections (first reason)", ["graph", "candidate", "stage", "why"], rows))
     for g in r.graphs:
         for n in g.notes:
             out.print(f"[yellow]note:[/yellow] {g.key[:12]}: {n}", markup=True)
@@ -71,6 +82,12 @@ def _elig(g) -> str:
 
 def _speedup(g) -> str:
     return "-" if g.speedup is None else f"{g.speedup:.3f}x [{_f(g.speedup_low)}, {_f(g.speedup_high)}]"
+
+
+def _rate(v, frac) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" + (f" ({100 * frac:.0f}%)" if frac is not None else "")
 
 
 def _f(v, digits: int = 3) -> str:

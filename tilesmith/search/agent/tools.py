@@ -24,10 +24,21 @@ AGENCY_RULES = {
 def profile_table(p) -> str:
     rows = [f"wall {p.wall_ms:.4f} ms/call, kernels {p.kernel_ms:.4f} ms, launch overhead "
             f"{p.launch_overhead_ms:.4f} ms ({p.launch_overhead_share:.0%}), device {p.device}"]
+    if getattr(p, "klass", ""):
+        gap = f", device idle between kernels {p.gap_ms:.4f} ms" if p.gap_ms is not None else ""
+        c = p.ceilings or {}
+        rows.append(f"graph class {p.klass}{gap}; roofline headroom {p.headroom_ms:.4f} ms; ceilings "
+                    f"{c.get('bandwidth_gbps') or 0:.0f} GB/s, {c.get('tflops') or {}} TFLOP/s ({c.get('source', '?')})")
+        rows.append(f"counters: {p.counters}")
     for k in p.kernels:
         extra = f", {k.flops / 1e9:.2f} GFLOP" if k.flops else ""
+        rate = f", {k.gbps:.1f} GB/s" + (f" ({k.bw_frac:.0%} of peak)" if k.bw_frac is not None else "") if k.gbps else ""
+        rate += f", {k.tflops:.2f} TFLOP/s" + (f" ({k.flop_frac:.0%})" if k.flop_frac is not None else "") if k.tflops else ""
+        head = f", headroom {k.headroom_ms:.4f} ms" if k.headroom_ms is not None else ""
         rows.append(f"  {k.name:<48} {k.kind:<8} x{k.calls:<3} {k.time_ms:9.4f} ms {k.share:6.1%}"
-                    f"  {k.bytes / 1e6:.2f} MB{extra}")
+                    f"  {k.bytes / 1e6:.2f} MB{extra}{rate}  [{k.klass}{head}]")
+        for line, code in list(k.sites.items())[:2]:
+            rows.append(f"      wrapper line {line}: {code}")
     return "\n".join(rows)
 
 

@@ -1,0 +1,113 @@
+"""Whole-graph re-lowering on CPU (real Inductor, real worker processes): capture keeps the repro Inductor
+lowered, bound to the captured constants; a variant is lowered again in a worker, keeps the graph's ABI,
+passes the static screen and gives the captured outputs; a config this torch lacks and a variant that
+lowers to the same wrapper are skipped with their reasons, recorded like every screened variant."""
+
+from __future__ import annotations
+
+import torch
+
+from tests import gate_helpers as h
+from tilesmith import loading
+from tilesmith.capture import repro
+from tilesmith.gate.static import screen
+from tilesmith.search import relower
+from tilesmith.search.tuner import Candidate
+from tilesmith.workspace import load_graph_json
+
+
+def test_capture_keeps_the_lowered_graphs_repro_and_says_it_can_be_lowered_again(inference_ws):
+    gdir = h.graph_of(inference_ws)
+    meta = load_graph_json(gdir)
+    assert meta["relower"]["available"], meta["relower"]
+    text = (gdir / repro.REPRO_FILE).read_text()
+    assert "class Repro(" in text and "TORCHINDUCTOR_CACHE_DIR" not in text
+    assert len(repro.placeholders(text)) == len(meta["inputs"])
+    assert relower.available(gdir) == (True, "")
+
+
+def test_repro_status_binds_large_constants_by_name_and_says_why_when_it_cannot():
+    text = ("class Repro(torch.nn.Module):\n    def __init__(self) -> None:\n        super().__init__()\n"
+            "        self.register_buffer('_tensor_constant0', torch.randn([8, 4], dtype=torch.float32))\n"
+            "        self.register_buffer('_tensor_constant1', tensor([2., 3.]))\n\n"
+            "    def forward(self, arg0_1, arg1_1):\n        return (arg0_1,)\n")
+    st = repro.status(text, {"_tensor_constant0": torch.zeros(8, 4)})
+    assert st.available and st.bound == ["_tensor_constant0"] and st.inline == ["_tensor_constant1"]
+    assert repro.placeholders(text) == ["arg0_1", "arg1_1"]
+    missing = repro.status(text, {})
+    assert not missing.available and "_tensor_constant0" in missing.reason
+    wrong = repro.status(text, {"_tensor_constant0": torch.zeros(4, 8)})
+    assert not wrong.available and "shape" in wrong.reason
+    assert not repro.status("", {}).available
+
+
+class _Track:
+    """What the tuner hands an optimizer: the graph, the best source so far, a log, a clock."""
+
+    def __init__(self, gdir):
+        self.graph_dir, self.best_text, self.profile, self.records = gdir, (gdir / "wrapper.py").read_text(), None, []
+
+    def record(self, event: dict) -> None:
+        self.records.append(event)
+
+    def expired(self) -> bool:
+        return False
+
+
+def test_relowered_variant_keeps_the_abi_and_skipped_variants_say_why(inference_ws):
+    gdir = h.graph_of(inference_ws)
+    track = _Track(gdir)
+    cfg = relower.RelowerConfig(enabled="1", jobs=2, variants=[
+        relower.Variant("scalar C++", {"cpp.vec_isa_ok": False}),
+        relower.Variant("missing", {"no_such_config": True}),
+        relower.Variant("as captured", {}),
+    ])
+    # min_gain=-1: every variant that screens at all becomes a candidate (the gate would judge speed).
+    gen = relower.search(track, Candidate, cfg, screen_budget_s=0.3, min_gain=-1.0)
+    cand = next(gen)
+    assert cand.label == relower.LABEL_PREFIX + "scalar C++"
+    by = {r["variant"].removeprefix(relower.LABEL_PREFIX): r for r in track.records}
+    assert "has no Inductor config no_such_config" in by["missing"]["error"]
+    assert "same wrapper" in by["as captured"]["error"]
+    assert by["scalar C++"]["median_ms"] and by["scalar C++"]["kernel"] == relower.WHOLE_GRAPH
+    assert screen(cand.text) == []
+    assert "at::vec::Vectorized" in track.best_text and "at::vec::Vectorized" not in cand.text  # scalar C++
+    data = loading.load_graph_data(gdir)
+    mod = loading.load_module(cand.text, data.constants)
+    with torch.no_grad():
+        out = mod.call(loading.clone_args(data.inputs))
+    for a, b in zip(out, data.outputs):
+        assert a.shape == b.shape and a.stride() == b.stride() and torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    try:
+        gen.send({"accepted": True})
+        raise AssertionError("the search went on after an accepted candidate")
+    except StopIteration:
+        pass
+
+
+def test_merge_keeps_the_better_variants_setting_where_two_contradict():
+    a = relower.Variant("a", {"max_autotune_gemm": True, "epilogue_fusion": False})
+    b = relower.Variant("b", {"epilogue_fusion": True})
+    c = relower.Variant("c", {"combo_kernels": True})
+    m = relower.merge([a, b, c])
+    assert m.label == "a + c" and m.patch == {"max_autotune_gemm": True, "epilogue_fusion": False, "combo_kernels": True}
+    assert relower.merge([a, b]) is None  # one usable variant is no combination
+    later = relower.Variant("c + d", {"combo_kernels": True, "triton.enable_pdl": True})  # a second wave's, on c
+    assert relower.merge([later, c]).label == "c + d"
+
+
+def test_variants_that_autotune_gemms_come_in_a_second_wave():
+    fast, slow = relower._waves(relower.GPU_VARIANTS)
+    assert fast and slow and all(v.patch.get("max_autotune_gemm") for v in slow)
+    assert not any(v.patch.get("max_autotune_gemm") for v in fast)
+    assert relower._waves(relower.CPU_VARIANTS) == [relower.CPU_VARIANTS]
+
+
+def test_partition_signatures_are_compared_by_graph_inputs_and_counts():
+    from tilesmith.search.relower_worker import _partitions
+
+    a = "def partition_0(args):\n    arg0_1, arg1_1, buf2 = args\n    args.clear()\n    return (buf3, buf4, )\n"
+    b = a.replace("buf2 = args", "buf7 = args").replace("buf3, buf4", "buf9, buf8")  # other buffer names
+    c = a.replace("arg1_1, buf2 = args", "buf2 = args")  # no longer takes graph input arg1_1
+    assert _partitions(a) == _partitions(b) == [("partition_0", ("arg0_1", "arg1_1"), 1, 2)]
+    assert _partitions(c) != _partitions(a) and _partitions("def call(args):\n    pass\n") == []

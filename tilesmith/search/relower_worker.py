@@ -1,0 +1,152 @@
+"""Worker for tilesmith.search.relower: lowers one captured graph again under one Inductor config patch.
+
+Runs Inductor's own compiler on the stored repro (no candidate code), in its own process so variants
+compile in parallel. Prints one JSON line: ok, reason, the wrapper file it wrote, and the checks that
+the new wrapper keeps the graph's ABI (inputs, outputs, constants bound by name, partitions).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tilesmith import loading, source
+from tilesmith.capture import repro
+from tilesmith.workspace import WRAPPER_FILE
+
+_CONST_DECL = re.compile(r"^(\w+) = None  # device\(", re.M)
+_GRAPH_INPUT = re.compile(r"^(arg\d+_\d+|primals_\d+|tangents_\d+)$")
+
+
+def _partitions(src: str) -> list[tuple]:
+    """Per `partition_N` function: (the graph inputs it unpacks, how many other inputs, how many outputs)."""
+    import ast
+
+    out = []
+    for node in ast.parse(src).body:
+        if not (isinstance(node, ast.FunctionDef) and re.fullmatch(r"partition_\d+", node.name)):
+            continue
+        names, n_out = [], 0
+        for st in ast.walk(node):
+            if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name) and st.value.id == "args" and not names:
+                t = st.targets[0]
+                names = [e.id for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name)]
+            if isinstance(st, ast.Return) and st.value is not None:
+                n_out = len(st.value.elts) if isinstance(st.value, (ast.Tuple, ast.List)) else 1
+        graph = tuple(n for n in names if _GRAPH_INPUT.match(n))
+        out.append((node.name, graph, len(names) - len(graph), n_out))
+    return out
+
+
+def missing_configs(patch: dict) -> list[str]:
+    """Config names (dotted) that this torch's Inductor does not have."""
+    import torch._inductor.config as cfg
+
+    out = []
+    for name in patch:
+        obj = cfg
+        for part in name.split("."):
+            if not hasattr(obj, part):
+                out.append(name)
+                break
+            obj = getattr(obj, part)
+    return out
+
+
+def lower(gdir: Path, patch: dict):
+    """(new wrapper source, seconds): the stored repro lowered by compile_fx_inner under `patch`."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.utils import BoxedBool
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    data = loading.load_graph_data(gdir)
+    text = repro.clean((gdir / repro.REPRO_FILE).read_text())
+    st = repro.status(text, data.constants)
+    if not st.available:
+        raise ValueError(st.reason)
+    ns: dict = {"__name__": "tilesmith_repro"}  # not __main__: the repro's own runner stays off
+    exec(compile(text, "<repro>", "exec"), ns)
+    mod = ns["mod"]
+    for name in st.bound:  # the captured values, not the repro's random placeholders
+        setattr(mod, name, data.constants[name])
+    args = loading.clone_args(data.inputs)
+    if len(args) != len(repro.placeholders(text)):
+        raise ValueError(f"the repro takes {len(repro.placeholders(text))} inputs, the graph {len(args)}")
+    kind = data.meta.get("kind")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        gm = make_fx(mod, tracing_mode="real")(*args)
+    for n in gm.graph.nodes:  # Inductor names kernels after the aten ops they came from (descriptive_names)
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            n.meta.setdefault("original_aten", n.target)
+    with torch._inductor.config.patch(patch):
+        # cudagraphs off: we keep only the source; Inductor's cudagraph trees wrap it in production.
+        cg = compile_fx_inner(gm, args, cudagraphs=BoxedBool(False), is_backward=kind == "backward",
+                              is_inference=kind == "inference")
+    return cg.source_code, time.perf_counter() - t0
+
+
+def abi_problems(gdir: Path, new_src: str) -> tuple[list[str], float | None]:
+    """What in `new_src` breaks the graph's ABI; and the max abs error against the captured outputs."""
+    data = loading.load_graph_data(gdir)
+    orig = source.split_header((gdir / WRAPPER_FILE).read_text())[1]
+    problems = []
+    for name in _CONST_DECL.findall(new_src):
+        c = data.constants.get(name)
+        if not isinstance(c, torch.Tensor):
+            problems.append(f"needs constant {name}, which the graph does not bind")
+    if _partitions(new_src) != _partitions(orig):
+        # Inductor's cudagraph trees route inputs and outputs per partition by the original compile's map
+        problems.append(f"graph partitions {_partitions(new_src)}, the original {_partitions(orig)} "
+                        "((graph inputs, other inputs, outputs) per partition)")
+    if problems:
+        return problems, None
+    mod = loading.load_module(new_src, data.constants)
+    loading.restore_rng(data.rng)
+    with torch.no_grad():
+        out = mod.call(loading.clone_args(data.inputs))
+    out = list(out) if isinstance(out, (list, tuple)) else [out]
+    if len(out) != len(data.outputs):
+        return [f"{len(out)} outputs, the original returns {len(data.outputs)}"], None
+    err = 0.0
+    for i, (a, b) in enumerate(zip(out, data.outputs)):
+        if not isinstance(b, torch.Tensor):
+            continue
+        if not isinstance(a, torch.Tensor) or (a.shape, a.stride(), a.dtype) != (b.shape, b.stride(), b.dtype):
+            lay = (tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__
+            problems.append(f"output {i}: {lay}, the original {(tuple(b.shape), b.stride(), b.dtype)}")
+        elif a.numel() and b.dtype.is_floating_point:
+            err = max(err, float((a.double() - b.to(a.device).double()).abs().nan_to_num(0.0).max()))
+    return problems, err
+
+
+def main(spec_file: str) -> dict:
+    spec = json.loads(Path(spec_file).read_text())
+    gdir, patch = Path(spec["graph_dir"]), spec["patch"]
+    missing = missing_configs(patch)
+    if missing:
+        return {"ok": False, "reason": f"torch {torch.__version__} has no Inductor config {', '.join(missing)}"}
+    try:
+        src, secs = lower(gdir, patch)
+    except Exception as e:  # Inductor could not lower under this config: a skipped variant, with the reason
+        return {"ok": False, "reason": f"compile failed: {type(e).__name__}: {e}"[:400]}
+    canon = source.canonicalize(src)
+    try:
+        problems, err = abi_problems(gdir, canon)
+    except Exception as e:
+        return {"ok": False, "reason": f"the re-lowered wrapper does not run: {type(e).__name__}: {e}"[:400],
+                "compile_s": secs}
+    if problems:
+        return {"ok": False, "reason": "changes the graph's ABI: " + "; ".join(problems)[:400], "compile_s": secs}
+    fx = source.split_header((gdir / WRAPPER_FILE).read_text())[0]
+    Path(spec["out"]).write_text(source.add_header(fx, canon) if fx else canon)
+    return {"ok": True, "reason": "", "out": spec["out"], "compile_s": secs, "max_abs_error": err}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))
