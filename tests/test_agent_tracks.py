@@ -38,7 +38,7 @@ def _graph(ws: Path) -> Path:
 def attempt_of(messages) -> str:
     """The attempt the host named in its latest message to the main agent."""
     human = [text(m) for m in messages if m.type == "human"]
-    return re.findall(r"Current attempt: (/attempts/attempt_\d\d\.py)", human[-1])[-1]
+    return re.findall(r"Current attempt: (/attempts/turn_\d{3}_a\.py)", human[-1])[-1]
 
 
 def last_tool_output(messages) -> str:
@@ -67,7 +67,7 @@ def _run(ws, name, script, **settings):
     model = ScriptedChatModel(reply=script)
     register_model(name, lambda: model)
     try:
-        s = OptimizeSettings(optimizer="agent", model=name, **{"gate_time_budget_s": 1.0, **settings})
+        s = OptimizeSettings(optimizer="agent", model=name, **{"gate_time_budget_s": 1.0, "warm_start": False, **settings})
         result = optimize(ws, s)
     finally:
         register_model(name, None)
@@ -124,7 +124,7 @@ def test_agent_track_edits_runs_shell_evaluates_delegates_and_the_gate_rejects_i
     assert "traversal" in out["read_file"].lower() and "root:" not in out["read_file"]
     verdict = json.loads((tdir / "profiles" / "verdict_000.json").read_text())
     assert verdict["stage"] == "static" and "static-environment" in [r["code"] for r in verdict["reasons"]]
-    judged = (tdir / "attempts" / "attempt_00.py").read_text()
+    judged = (tdir / "attempts" / "turn_001_a.py").read_text()
     assert cheat_line in judged and verdict["candidate_sha256"] == store.sha256_bytes(judged.encode())
 
     # turn 2 got the rejection as its message and ended without an edit; the budget then ran out
@@ -227,7 +227,8 @@ def test_interrupt_or_time_limit_ends_the_agent_turn_at_its_next_model_call(slow
         rid = runs.create_run({}, str(slow_ws), {}).name
         track = _Track(rid, g.name, g, None, stop)
         produced = []  # what the agent's loop submitted to the host gate
-        status, reason = run_track(track, OptimizeSettings(optimizer="agent", model="scripted-busy").resolved(),
+        settings = OptimizeSettings(optimizer="agent", model="scripted-busy", warm_start=False).resolved()
+        status, reason = run_track(track, settings,
                                    lambda cand: produced.append(cand) or {"accepted": False})
     finally:
         register_model("scripted-busy", None)

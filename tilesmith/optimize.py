@@ -23,6 +23,9 @@ from tilesmith.gate.proc import default_spares, keep_spares
 from tilesmith.workspace import write_json
 
 FINAL = ("done", "exhausted", "cached", "failed")
+# The agent's finite defaults per graph (0 on the command line: unlimited).
+DEFAULT_MODEL_CALLS = 150
+DEFAULT_GRAPH_MINUTES = 45.0
 
 
 @dataclass
@@ -38,6 +41,10 @@ class OptimizeSettings:
     min_improvement: float | None = None  # None: TILESMITH_MIN_IMPROVEMENT or 0.02
     gate_time_budget_s: float | None = None  # timing budget per gate pass (None: the gate's default)
     skills: list[str] = field(default_factory=list)  # extra SKILL.md folders for the agent (--skills)
+    graph_minutes: float | None = None  # the agent's time per graph (None: DEFAULT_GRAPH_MINUTES; 0: no limit)
+    reasoning_effort: str | None = None  # sent to reasoning models (minimal | low | medium | high)
+    context_window: int | None = None  # the model's input window in tokens, when its profile does not say
+    warm_start: bool = True  # the agent: the built-in tuner runs first (agent_warm.py)
 
     def resolved(self) -> "OptimizeSettings":
         from tilesmith.gate.verdict import default_min_improvement
@@ -54,6 +61,9 @@ class OptimizeSettings:
             raise TilesmithError(f"unknown agency '{s.agency}'", code="usage", hint="use low, medium or high")
         if s.loops < 1:
             raise TilesmithError("--loops must be at least 1", code="usage")
+        if s.optimizer == "agent":  # finite budgets unless asked otherwise (0 = no limit)
+            s.max_model_calls = DEFAULT_MODEL_CALLS if s.max_model_calls is None else s.max_model_calls
+            s.graph_minutes = DEFAULT_GRAPH_MINUTES if s.graph_minutes is None else s.graph_minutes
         return s
 
     def provenance_match(self, prov: dict) -> bool:
@@ -275,7 +285,8 @@ def _run_track(rid, ws, g, t: TrackResult, settings, deadline, stop, timing_lock
     if t.loops_done >= settings.loops:
         t.status = "done"
     elif settings.optimizer == "agent":  # the agent's own loop (a LangGraph graph) calls submit per turn
-        t.status, t.reason = _agent().run_track(track, settings, submit, loops_done=t.loops_done)
+        t.status, t.reason = _agent().run_track(track, settings, submit, loops_done=t.loops_done,
+                                                timing_lock=timing_lock)
         if t.status == "exhausted" and t.loops_done > 0:
             t.status = "done"
     else:
