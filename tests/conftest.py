@@ -64,6 +64,12 @@ def slow_matmul_graph(tmp_path_factory, inductor_cache):
     return graph
 
 
+@pytest.fixture(scope="session")
+def two_matmuls_ws(tmp_path_factory, inductor_cache):
+    """tests/fixtures/slow_two_matmuls.py captured once (the agent tests' graph; see tests/agent_helpers.py)."""
+    return captured_workspace(tmp_path_factory, "ws-two-matmuls", ROOT / "tests" / "fixtures" / "slow_two_matmuls.py")
+
+
 def pytest_runtest_logreport(report):
     """With TILESMITH_TEST_STREAM_FAILURES=1 (the GPU calls), a failure's traceback is printed when it
     happens, so a call cut off by its time limit still shows why the earlier tests failed."""

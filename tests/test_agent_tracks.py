@@ -18,9 +18,9 @@ from tilesmith.optimize import OptimizeSettings, optimize  # noqa: E402
 from tilesmith.search.agent_provider import register_model  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def slow_ws(tmp_path_factory, inductor_cache):
-    return H.capture_two_matmuls(tmp_path_factory)
+@pytest.fixture
+def slow_ws(two_matmuls_ws):  # captured once per session (tests/conftest.py)
+    return two_matmuls_ws
 
 
 @pytest.fixture(scope="module")

@@ -73,7 +73,9 @@ def run_track(track, settings, submit: Callable[[Candidate], dict], *, loops_don
         return track.expired() or (t_end is not None and time.monotonic() > t_end)
 
     budget = ModelCallBudget(settings.max_model_calls or None, stop=expired)  # 0: unlimited; time up ends a turn
-    state = _TrackState(track, timing_lock=timing_lock or threading.Lock(), screen_budget_s=cfg.screen_budget_s,
+    # A screen is a cheaper look than a gate pass: never longer than the gate's timing budget.
+    screen_s = min(cfg.screen_budget_s, settings.gate_time_budget_s or cfg.screen_budget_s)
+    state = _TrackState(track, timing_lock=timing_lock or threading.Lock(), screen_budget_s=screen_s,
                         ledger=Ledger(track.profiles / "ledger.json"))
     state.attempts = [None] * cfg.attempts_per_turn  # sized for the prompt; the files come per turn
     (track.dir / "scratch").mkdir(parents=True, exist_ok=True)
