@@ -170,6 +170,13 @@ def test_a_failed_check_keeps_a_file_from_the_gate_and_finish_ends_the_track(slo
     routes = [json.loads(x).get("route") for x in (tdir / "profiles" / "loop.jsonl").read_text().splitlines()]
     assert routes[-1] == "agent_finished" and "unchanged" in routes
 
+    from typer.testing import CliRunner
+
+    from tilesmith_cli.app import app
+
+    report = CliRunner().invoke(app, ["report", result.run_id], env={"COLUMNS": "200"})
+    assert report.exit_code == 0 and "agent budgets per graph: 150 model calls, 45 minutes" in report.output
+
 
 def test_the_tuner_runs_first_and_its_log_reaches_the_agent(slow_ws):
     from tilesmith.optimize import _Track

@@ -48,7 +48,7 @@ def make_tools(state, settings) -> list:
     the ledger and the timing lock. The fast inner loop (check, screen) and the exploration tools
     (ideas, finish) are in agent_inner.py."""
     from tilesmith.search.agent_inner import _judge, _path, make_inner_tools
-    from tilesmith.search.agent_ledger import virtual
+    from tilesmith.search.agent_ledger import sha, virtual
 
     @tool
     def evaluate(path: str = "") -> str:
@@ -59,6 +59,7 @@ def make_tools(state, settings) -> list:
         than check and screen: use it on an attempt that already passed both."""
         try:
             p = _path(state, path)
+            judged_sha = sha(p.read_text())
             v = _judge(state, p, settings)
         except ValueError as e:
             return f"evaluate: {e}"
@@ -67,8 +68,9 @@ def make_tools(state, settings) -> list:
         except Exception as e:  # never abort the agent's turn: report and let it carry on
             return json.dumps({"error": f"the gate failed: {type(e).__name__}: {e}"[:2000]})
         vd = v.to_dict()
-        state.ledger.update(virtual(state.track.dir, p), check="ok" if v.stage in ("timing", "confirmation") else
-                            f"failed: {', '.join(v.codes)}" if v.stage in ("static", "load", "correctness") else "")
+        if v.stage in ("static", "load", "correctness", "timing"):  # how far it got is a check result too
+            state.ledger.update(virtual(state.track.dir, p), check_sha=judged_sha,
+                                check="ok" if v.stage == "timing" else f"failed: {', '.join(dict.fromkeys(v.codes))}")
         return json.dumps(_compact_verdict(vd), indent=1)
 
     @tool

@@ -135,6 +135,8 @@ def table(b: Bench) -> str:
         ms = r.per_call_ms(b.calls)
         lines.append(f"{r.name:<52} {r.kind:<7} {r.launches / b.calls:>13g} {ms:>10.4f} {ms / max(total, 1e-12):>6.1%}"
                      f"  {r.arg_shapes}")
+    if not b.kernels:
+        lines.append("(no kernel launched from Python: a call replayed from a CUDA graph launches nothing here)")
     lines.append(f"sum of kernels {total:.4f} ms/call; instrumented call {b.instrumented_ms:.4f} ms "
                  f"(every launch synchronized); plain call {b.wall_ms:.4f} ms (median of {b.calls}, {b.device})")
     lines.append("Python between launches and uninstrumented ops make up the rest; only the gate's timing decides.")
