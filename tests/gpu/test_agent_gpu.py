@@ -71,8 +71,7 @@ def test_gpu_agent_side_stream_cheat_is_rejected_and_the_original_stays(unfused)
     cheat = "\n_side = torch.cuda.Stream()\n"
     script = Script([lambda ms: ai("", tc("edit_file", file_path=attempt_of(ms), old_string="async_compile.wait(globals())",
                                           new_string="async_compile.wait(globals())" + cheat)),
-                     ai("", tc("evaluate")),
-                     ai("side stream added"),
+                     ai("side stream added"),  # no evaluate: the host's gate is the one that rejects it
                      ai("I cannot beat it.")])
     result, _ = _run(slow_ws, "scripted-gpu-cheat", script, max_model_calls=5)
     (t,) = result.tracks

@@ -1,12 +1,14 @@
-"""The Deep Agent optimizer: per graph track, a LangChain Deep Agent edits an attempt of the wrapper,
-runs a shell, profiles, calls the gate through `evaluate`, delegates to subagents, and ends each turn
-with a final answer; the host gate then judges the attempt.
+"""The Deep Agent optimizer: per graph track, a LangChain Deep Agent plans 3-5 ideas per turn, works on
+them in separate attempt files (itself and subagents, one file each), checks and screens them with the
+fast tools (agent_inner.py), runs a shell with a per-kernel timing harness, and ends each turn with a
+final answer; the host then judges the fastest screened attempt with the gate.
 
-`run_track(track, settings, submit)` sets the track up (provider, skills, the agent) and runs its turns
-as a LangGraph loop (agent_loop.py): `submit` is the optimize driver's judging function, the gate node
-calls it, and a rejected verdict is the next turn's message. It returns the driver's (status, reason).
-Provider failures that survive the retries raise TilesmithError, which the driver reports as the
-track's reason; confirmed wins are already on disk and stay.
+`run_track(track, settings, submit)` sets the track up (provider, skills, the tuner's warm start, the
+agent) and runs its turns as a LangGraph loop (agent_loop.py): `submit` is the optimize driver's
+judging function, the gate node calls it, and the verdict and the ledger are the next turn's message.
+It returns the driver's (status, reason). Budgets: model calls (exact, shared with subagents) and
+minutes per graph. Provider failures that survive the retries raise TilesmithError, which the driver
+reports as the track's reason; confirmed wins are already on disk and stay.
 """
 
 from __future__ import annotations
@@ -176,20 +178,23 @@ def _build_agent(model, state: _TrackState, settings, budget, cfg: AgentConfig, 
     perms = [FilesystemPermission(operations=["write"], paths=["/skills/**", "/profiles/**"], mode="deny")]
     gate = BudgetMiddleware(budget)  # the same instance in every stack: one shared count
     tools = make_tools(state, settings)
+    # The plan and the decision to stop are the main agent's: subagents get the measuring tools only.
+    sub_tools = [t for t in tools if t.name not in ("ideas", "finish")]
     subagents = [
         {"name": "implementer", "description": "Implements one idea in one attempt file (name both in the task): "
          "edits only that file, checks and screens it, reports the screened ms against the best.",
-         "system_prompt": IMPLEMENTER_PROMPT, "tools": tools, "middleware": [gate], "skills": ["/skills/"],
+         "system_prompt": IMPLEMENTER_PROMPT, "tools": sub_tools, "middleware": [gate], "skills": ["/skills/"],
          "permissions": perms},
         {"name": "kernel-tuner", "description": "Tunes one named kernel's launch parameters (block sizes, warps, "
          "stages, threads) in one attempt file (name both in the task); leaves the best variant in that file.",
-         "system_prompt": KERNEL_TUNER_PROMPT, "tools": tools, "middleware": [gate], "skills": ["/skills/"],
+         "system_prompt": KERNEL_TUNER_PROMPT, "tools": sub_tools, "middleware": [gate], "skills": ["/skills/"],
          "permissions": perms},
-        {**GENERAL_PURPOSE_SUBAGENT, "middleware": [gate], "permissions": perms},
+        {**GENERAL_PURPOSE_SUBAGENT, "middleware": [gate], "permissions": perms,
+         "tools": sub_tools + ([dict(WEB_SEARCH_TOOL)] if web_search else [])},
     ]
     note = "\n## Skills available\n" + ", ".join(skill_names) if skill_names else ""
     # The provider's web search is a dict tool (the provider runs it; no tool node here): the main agent
-    # gets it, and so does the general-purpose subagent, which inherits the main agent's tools.
+    # gets it, and so does the general-purpose subagent (its tools above).
     main_tools = tools + ([dict(WEB_SEARCH_TOOL)] if web_search else [])
     return create_deep_agent(
         model=model, tools=main_tools,

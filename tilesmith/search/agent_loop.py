@@ -176,17 +176,18 @@ def agent_turn(s: LoopState, runtime: Runtime[Host]) -> dict:
     for p in state.attempts:  # an attempt the agent deleted: judge nothing from it
         if not p.exists():
             p.write_text(start_text)
+    edited = any(p.read_text() != start_text for p in state.attempts)
     chosen, note = (None, "") if error is not None else _choose(host, start_text)
-    changed = chosen is not None
-    if changed:
+    if chosen is not None:
         state.attempt = chosen
-    _save_trace(track, turn, s["accepted"] + 1, state, budget, used_before, trace, msg, final, error, changed)
-    _log(host, "agent_turn", turn, attempt=state.attempt.name, changed=changed, model_calls=budget.used - used_before,
-         error=None if error is None else type(error).__name__)
+    _save_trace(track, turn, s["accepted"] + 1, state, budget, used_before, trace, msg, final, error, edited,
+                chosen.name if chosen else None)
+    _log(host, "agent_turn", turn, attempt=state.attempt.name, changed=edited, judged=chosen.name if chosen else None,
+         model_calls=budget.used - used_before, error=None if error is None else type(error).__name__)
     if error is not None:
         raise TilesmithError(_error_reason(error, host.provider), code="provider-error",
                              hint="check the provider and the model; confirmed wins of this run are kept") from None
-    return {"turn": turn, "changed": changed, "final": final, "note": note}
+    return {"turn": turn, "changed": chosen is not None, "final": final, "note": note}
 
 
 def _choose(host: Host, start_text: str):
@@ -296,9 +297,9 @@ def _log(host: Host, node: str, turn: int, **fields) -> None:
         f.write(json.dumps({"t": runs.now_iso(), "node": node, "turn": turn, **fields}) + "\n")
 
 
-def _save_trace(track, turn, loop, state, budget, used_before, trace, msg, final, error, changed) -> None:
+def _save_trace(track, turn, loop, state, budget, used_before, trace, msg, final, error, changed, judged=None) -> None:
     write_json(track.profiles / f"turn_{turn:03d}.json", {
-        "turn": turn, "loop": loop, "attempt": f"attempts/{state.attempt.name}", "attempt_changed": changed,
+        "turn": turn, "loop": loop, "attempt": f"attempts/{state.attempt.name}", "attempt_changed": changed, "judged": judged,
         "message": msg, "final_answer": final, "error": None if error is None else f"{type(error).__name__}: {error}"[:2000],
         "budget": {"limit": budget.limit, "used": budget.used, "this_turn": budget.used - used_before,
                    "blocked": budget.blocked, "by_agent": dict(budget.by_agent)},
