@@ -15,7 +15,8 @@ AGENCY_RULES = {
     "low": "Agency LOW: change only launch parameters, tiling, block sizes, warps/stages, vectorization and "
            "thread counts inside the existing kernels. Keep every kernel, buffer and call as it is.",
     "medium": "Agency MEDIUM: you may also restructure buffers, fuse or split kernels, replace generated kernels "
-              "with library calls or hand-written Triton/C++/CUDA, and reorder work; the algorithm stays the same.",
+              "with library calls or hand-written Triton (C++ through async_compile.cpp_pybinding on CPU; no "
+              "CUDA C++ extensions: see /skills/cuda-extensions), and reorder work; the algorithm stays the same.",
     "high": "Agency HIGH: you may also change the algorithm (a different but equivalent formulation, e.g. "
             "online softmax, a different reduction order) in the original's precision (see the tolerances below).",
 }
