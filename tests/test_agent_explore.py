@@ -225,7 +225,7 @@ def test_agent_budgets_are_finite_by_default_and_shown_in_help():
 
 
 def test_a_small_context_window_cuts_the_fx_program_with_a_marker_and_sets_the_summary_trigger():
-    from tilesmith.search.agent import context_window, fx_chars
+    from tilesmith.search.agent import context_window, fx_chars, shell_output_bytes
     from tilesmith.search.agent_tools import fx_excerpt
 
     model = ScriptedChatModel(reply=lambda ms, n: ai("x"))
@@ -235,6 +235,7 @@ def test_a_small_context_window_cuts_the_fx_program_with_a_marker_and_sets_the_s
     cut = fx_excerpt(fx, fx_chars(8000))
     assert len(cut) < len(fx) and f"{fx_chars(8000):,} of {len(fx):,} characters shown" in cut
     assert "/profiles/original_wrapper.py" in cut and fx_excerpt("short", 100) == "short"
+    assert shell_output_bytes(30_000, None) == 30_000 and shell_output_bytes(30_000, 8000) == 3200
 
 
 def test_shell_commands_that_run_python_wait_for_the_timing_lock_and_file_commands_do_not(tmp_path):

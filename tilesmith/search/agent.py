@@ -166,7 +166,8 @@ def _build_agent(model, state: _TrackState, settings, budget, cfg: AgentConfig, 
     tdir = state.track.dir
     shell = GroupKillShellBackend(root_dir=tdir, virtual_mode=True, inherit_env=False,
                                   env=shell_env(tdir, state.track.graph_dir), timeout=cfg.shell_timeout_s,
-                                  max_output_bytes=cfg.max_output_bytes, timing_lock=state.timing_lock)
+                                  max_output_bytes=shell_output_bytes(cfg.max_output_bytes, window),
+                                  timing_lock=state.timing_lock)
     scratch = tdir / "scratch"
     for sub in ("large_tool_results", "conversation_history"):
         (scratch / sub).mkdir(parents=True, exist_ok=True)
@@ -210,3 +211,8 @@ def fx_chars(window: int | None) -> int:
     from tilesmith.search.agent_tools import FX_CHARS
 
     return FX_CHARS if not window else max(1000, min(FX_CHARS, window * 4 // 10))
+
+
+def shell_output_bytes(cap: int, window: int | None) -> int:
+    """Shell output kept per call: ~10 % of a known window (4 characters a token), at most `cap`."""
+    return cap if not window else max(2000, min(cap, window * 4 // 10))
