@@ -86,7 +86,7 @@ def run_track(track, settings, submit: Callable[[Candidate], dict], *, loops_don
     if getattr(settings, "warm_start", False) and not expired():
         from tilesmith.search.agent_warm import warm_start
 
-        state.warm_note = warm_start(track, submit, expired)
+        state.warm_note = warm_start(track, submit, expired, screen_budget_s=state.screen_budget_s)
     skills_root = Path(tempfile.mkdtemp(prefix="tilesmith-skills-"))
     try:
         names = _assemble_skills(skills_root, skill_dirs)

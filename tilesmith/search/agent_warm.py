@@ -12,12 +12,16 @@ from __future__ import annotations
 import json
 
 
-def warm_start(track, submit, expired, max_candidates: int = 4) -> str:
+def warm_start(track, submit, expired, max_candidates: int = 4, screen_budget_s: float | None = None) -> str:
     """Run the tuner until it has nothing more, one candidate is accepted, `max_candidates` were judged,
-    or time is up; return a note for the agent's first message."""
-    from tilesmith.search.tuner import search
+    or time is up; return a note for the agent's first message. screen_budget_s: the tuner's timing
+    seconds per kernel screen (None: the tuner's default)."""
+    from tilesmith.search.tuner import TunerConfig, search
 
-    gen = search(track)
+    cfg = TunerConfig()
+    if screen_budget_s:
+        cfg.screen_budget_s = screen_budget_s
+    gen = search(track, cfg)
     verdict, judged, accepted = None, [], None
     try:
         while len(judged) < max_candidates and not expired():
