@@ -40,7 +40,7 @@ def route(body: dict) -> dict:
         return {"content": "SUBREPORT checked"} if step else {"tool_calls": [("ls", {"path": "/attempts"})]}
     if "REJECTED" in last_user:
         return {"content": "I give up on this graph."}
-    attempt = re.findall(r"Current attempt: (/attempts/attempt_\d\d\.py)", last_user)[-1]
+    attempt = re.findall(r"Current attempt: (/attempts/turn_\d{3}_a\.py)", last_user)[-1]
     if step == 0:
         return {"tool_calls": [("edit_file", {"file_path": attempt, "old_string": "async_compile.wait(globals())",
                                               "new_string": "async_compile.wait(globals())\n_k = os.environ.get('HOME')"})]}
@@ -60,7 +60,8 @@ def test_agent_track_through_a_local_openai_compatible_server(slow_ws, monkeypat
         monkeypatch.setenv("TILESMITH_MODEL_WAIT_S", "30")
         monkeypatch.delenv("TILESMITH_WEB_SEARCH", raising=False)  # auto: off for a gateway
         result = optimize(slow_ws, OptimizeSettings(optimizer="agent", model="stub-model", max_model_calls=5,
-                                                    gate_time_budget_s=1.0, skills=[str(skill.parent)]))
+                                                    gate_time_budget_s=1.0, skills=[str(skill.parent)],
+                                                    warm_start=False, reasoning_effort="high"))
     finally:
         stub.close()
     (t,) = result.tracks
@@ -74,6 +75,7 @@ def test_agent_track_through_a_local_openai_compatible_server(slow_ws, monkeypat
     # inside one invocation and did not count
     assert stub.chat_answers == 5 and len(posts) == 6
     assert posts[0]["body"]["model"] == "stub-model" and posts[0]["body"]["tools"]
+    assert all(r["body"].get("reasoning_effort") == "high" for r in posts)  # --reasoning-effort reached the API
     system = _content(posts[0]["body"]["messages"][0])
     assert "house-rules" in system and "Our team's kernel conventions." in system  # --skills reached the agent
     assert "triton-performance" in system and "/skills/" in system
@@ -91,7 +93,7 @@ def test_provider_failure_after_retries_stops_the_track_with_the_reason(slow_ws,
     try:
         monkeypatch.setenv("OPENAI_BASE_URL", stub.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
-        result = optimize(slow_ws, OptimizeSettings(optimizer="agent", model="stub-model"))
+        result = optimize(slow_ws, OptimizeSettings(optimizer="agent", model="stub-model", warm_start=False))
     finally:
         stub.close()
     (t,) = result.tracks
@@ -155,7 +157,7 @@ def responses_route(body: dict) -> dict:
     step = sum(1 for it in items[users[-1]:] if it.get("type") == "function_call")
     if step == 0:
         return {"web_search": "TorchInductor cpp kernel vectorization", "content": "Searching, then editing.",
-                "tool_calls": [("edit_file", {"file_path": re.findall(r"(/attempts/attempt_\d\d\.py)", _item_text(items[users[-1]]))[-1],
+                "tool_calls": [("edit_file", {"file_path": re.findall(r"(/attempts/turn_\d{3}_a\.py)", _item_text(items[users[-1]]))[-1],
                                               "old_string": "async_compile.wait(globals())",
                                               "new_string": "async_compile.wait(globals())\n_k = os.environ.get('HOME')"})]}
     return {"content": "Submitted an edit."}
@@ -175,7 +177,8 @@ def test_web_search_binds_the_providers_tool_through_the_responses_api(slow_ws, 
         monkeypatch.setenv("OPENAI_BASE_URL", stub.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", KEY)
         monkeypatch.setenv("TILESMITH_WEB_SEARCH", "on")  # a gateway: only when asked
-        status, reason = run_track(track, OptimizeSettings(optimizer="agent", model="stub-model", max_model_calls=2).resolved(),
+        status, reason = run_track(track, OptimizeSettings(optimizer="agent", model="stub-model", max_model_calls=2,
+                                                            warm_start=False).resolved(),
                                    lambda cand: submitted.append(cand) or {"accepted": False, "stage": "static", "reasons": []})
     finally:
         stub.close()

@@ -39,7 +39,7 @@ def _graph(ws: Path) -> Path:
 def attempt_of(messages) -> str:
     """The attempt the host named in its latest message to the main agent."""
     human = [text(m) for m in messages if m.type == "human"]
-    return re.findall(r"Current attempt: (/attempts/attempt_\d\d\.py)", human[-1])[-1]
+    return re.findall(r"Current attempt: (/attempts/turn_\d{3}_a\.py)", human[-1])[-1]
 
 
 def last_tool_output(messages) -> str:
@@ -68,7 +68,7 @@ def _run(ws, name, script, **settings):
     model = ScriptedChatModel(reply=script)
     register_model(name, lambda: model)
     try:
-        s = OptimizeSettings(optimizer="agent", model=name, **{"gate_time_budget_s": 1.0, **settings})
+        s = OptimizeSettings(optimizer="agent", model=name, **{"gate_time_budget_s": 1.0, "warm_start": False, **settings})
         result = optimize(ws, s)
     finally:
         register_model(name, None)
@@ -83,7 +83,7 @@ def _tuner_sub(messages):
     return ai(f"SUBREPORT nothing to tune: {last_tool_output(messages)[:60]}")
 
 
-def test_agent_track_edits_runs_shell_evaluates_delegates_and_the_gate_rejects_its_cheat(slow_ws, monkeypatch):
+def test_agent_track_edits_runs_shell_evaluates_delegates_and_its_rejected_cheat_is_not_judged_again(slow_ws, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-parent-secret")
     cheat_line = "_key = os.environ.get('OPENAI_API_KEY')"
     script = Script([
@@ -97,13 +97,13 @@ def test_agent_track_edits_runs_shell_evaluates_delegates_and_the_gate_rejects_i
         ai("", tc("evaluate")),
         ai("", tc("task", description="SUBTASK: tune the C++ kernel's thread count", subagent_type="kernel-tuner")),
         ai("I added a key lookup; submitting."),
-        # turn 2: the host's rejection arrives; the agent stops without a new edit
+        # turn 2: the host judged nothing (the attempt failed its last check); the agent stops
         ai("I cannot beat it."),
     ], sub=_tuner_sub)
     result, model = _run(slow_ws, "scripted-cheat", script, max_model_calls=13)
     (t,) = result.tracks
-    assert t.status == "exhausted" and t.loops_done == 0 and t.candidates == 1
-    assert t.rejected_by_stage == {"static": 1}
+    # evaluate already rejected the attempt, so the host does not spend a gate run on it
+    assert t.status == "exhausted" and t.loops_done == 0 and t.candidates == 0
     tdir = runs.track_dir(result.run_id, t.key)
     assert not (tdir / "best.py").exists()  # the original stays
 
@@ -123,25 +123,28 @@ def test_agent_track_edits_runs_shell_evaluates_delegates_and_the_gate_rejects_i
     assert "SUBREPORT" in out["task"]
     assert "permission denied" in out["write_file"] and not (tdir / "profiles" / "verdict_999.json").exists()
     assert "traversal" in out["read_file"].lower() and "root:" not in out["read_file"]
-    verdict = json.loads((tdir / "profiles" / "verdict_000.json").read_text())
-    assert verdict["stage"] == "static" and "static-environment" in [r["code"] for r in verdict["reasons"]]
-    judged = (tdir / "attempts" / "attempt_00.py").read_text()
-    assert cheat_line in judged and verdict["candidate_sha256"] == store.sha256_bytes(judged.encode())
+    assert not list((tdir / "profiles").glob("verdict_*.json")) and events["judged"] is None
+    edited = (tdir / "attempts" / "turn_001_a.py").read_text()
+    ledger = {r["file"]: r for r in json.loads((tdir / "profiles" / "ledger.json").read_text())}
+    row = ledger["/attempts/turn_001_a.py"]
+    assert cheat_line in edited and row["check"] == "failed: static-environment"
+    assert row["check_sha"] == store.sha256_bytes(edited.encode())
 
-    # turn 2 got the rejection as its message and ended without an edit; the budget then ran out
+    # turn 2 was told why nothing was judged and ended without an edit; the budget then ran out
     turn2 = json.loads((tdir / "profiles" / "turn_002.json").read_text())
-    assert "REJECTED" in turn2["message"] and "static-environment" in turn2["message"]
+    assert "failed its last check" in turn2["message"] and "failed: static-environment" in turn2["message"]
     assert turn2["attempt_changed"] is False
-    # the outer LangGraph loop drove it: turn 1 was judged and rejected, turns 2 and 3 changed nothing,
+    # the outer LangGraph loop drove it: turn 1 left nothing to judge, turns 2 and 3 changed nothing,
     # and the 13th permit spent the budget
     loop = [json.loads(line) for line in (tdir / "profiles" / "loop.jsonl").read_text().splitlines()]
     assert [(e["node"], e.get("route")) for e in loop] == [
-        ("decide", "start"), ("agent_turn", None), ("gate", None), ("decide", "rejected"),
+        ("decide", "start"), ("agent_turn", None), ("decide", "unchanged"),
         ("agent_turn", None), ("decide", "unchanged"), ("agent_turn", None), ("decide", "budget_spent")]
     assert [e["turn"] for e in loop if e["node"] == "agent_turn"] == [1, 2, 3]
-    assert loop[2]["stage"] == "static" and loop[1]["changed"] and not loop[4]["changed"]
+    assert loop[1]["changed"] and loop[1]["judged"] is None and not loop[3]["changed"]
     # one conversation across turns: turn 2's first model call still holds turn 1's messages
-    turn2_call = next(c for c in model.calls if "REJECTED" in text([m for m in c["messages"] if m.type == "human"][-1]))
+    turn2_call = next(c for c in model.calls
+                      if "failed its last check" in text([m for m in c["messages"] if m.type == "human"][-1]))
     assert any("I added a key lookup" in text(m) for m in turn2_call["messages"] if m.type == "ai")
     assert len(model.calls) == 13  # 11 + 1 in turn 2 + 1 in turn 3 (the 13th permit); nothing blocked yet
     assert model.calls[0]["tools"] and {"evaluate", "profile", "execute", "task", "write_todos"} <= set(model.calls[0]["tools"])
@@ -230,7 +233,8 @@ def test_interrupt_or_time_limit_ends_the_agent_turn_at_its_next_model_call(slow
         rid = runs.create_run({}, str(slow_ws), {}).name
         track = Track(rid, g.name, g, None, stop)
         produced = []  # what the agent's loop submitted to the host gate
-        status, reason = run_track(track, OptimizeSettings(optimizer="agent", model="scripted-busy").resolved(),
+        settings = OptimizeSettings(optimizer="agent", model="scripted-busy", warm_start=False).resolved()
+        status, reason = run_track(track, settings,
                                    lambda cand: produced.append(cand) or {"accepted": False})
     finally:
         register_model("scripted-busy", None)

@@ -27,6 +27,9 @@ from tilesmith.workspace import write_json
 FINAL = ("done", "exhausted", "cached", "failed")
 OptimizerName = Literal["auto", "tuner", "agent"]
 Agency = Literal["low", "medium", "high"]
+# The agent's finite defaults per graph (0 on the command line: unlimited).
+DEFAULT_MODEL_CALLS = 150
+DEFAULT_GRAPH_MINUTES = 45.0
 
 
 @dataclass
@@ -42,6 +45,10 @@ class OptimizeSettings:
     min_improvement: float | None = None  # None: TILESMITH_MIN_IMPROVEMENT or 0.02
     gate_time_budget_s: float | None = None  # timing budget per gate pass (None: the gate's default)
     skills: list[str] = field(default_factory=list)  # extra SKILL.md folders for the agent (--skills)
+    graph_minutes: float | None = None  # the agent's time per graph (None: DEFAULT_GRAPH_MINUTES; 0: no limit)
+    reasoning_effort: str | None = None  # sent to reasoning models (minimal | low | medium | high)
+    context_window: int | None = None  # the model's input window in tokens, when its profile does not say
+    warm_start: bool = True  # the agent: the built-in tuner runs first (agent_warm.py)
 
     def resolved(self) -> "OptimizeSettings":
         from tilesmith.gate.verdict import default_min_improvement
@@ -60,6 +67,9 @@ class OptimizeSettings:
         s.skills = [str(paths.absolute(d)) for d in s.skills]
         if s.loops < 1:
             raise TilesmithError("--loops must be at least 1", code="usage")
+        if s.optimizer == "agent":  # finite budgets unless asked otherwise (0 = no limit)
+            s.max_model_calls = DEFAULT_MODEL_CALLS if s.max_model_calls is None else s.max_model_calls
+            s.graph_minutes = DEFAULT_GRAPH_MINUTES if s.graph_minutes is None else s.graph_minutes
         return s
 
     def provenance_match(self, prov: dict) -> bool:
@@ -263,7 +273,7 @@ def _run_track(r: _Run, g, t: TrackResult) -> None:
         r.save(t)
         r.note("track", key=g.key, track=t)
         return
-    track = Track(r.run_id, g.key, r.ws.graph_dir(g.key), r.deadline, r.stop)
+    track = Track(r.run_id, g.key, r.ws.graph_dir(g.key), r.deadline, r.stop, r.timing_lock)
     base = json.loads((track.profiles / "baseline.json").read_text()) if (track.profiles / "baseline.json").exists() else None
     if base:
         from tilesmith.profile import Profile

@@ -396,3 +396,14 @@ def _num(v) -> bool:
 
 def _f(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def agent_budgets(settings: dict) -> str | None:
+    """The agent's budgets per graph as the run used them (None for a tuner run)."""
+    if settings.get("optimizer") != "agent":
+        return None
+    calls, minutes = settings.get("max_model_calls"), settings.get("graph_minutes")
+    return (f"agent budgets per graph: {calls or 'unlimited'} model calls, "
+            f"{f'{minutes:g} minutes' if minutes else 'no time limit'}; model {settings.get('model') or '?'}, "
+            f"reasoning effort {settings.get('reasoning_effort') or 'default'}, "
+            f"warm start {'on' if settings.get('warm_start', True) else 'off'}")

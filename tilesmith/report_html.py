@@ -53,6 +53,10 @@ def render_html(report: Report) -> str:
              f"<div class='muted'>status <b id='run-status'>{_e(r.status)}</b> · optimizer {_e(r.optimizer or '?')}"
              f" · {_e(r.created or '?')} → {_e(r.ended or '—')} · workspace <code>{_e(r.workspace or '?')}</code>"
              f" · {_e(_env(r.environment))}</div>"]
+    from tilesmith.report import agent_budgets
+
+    if agent_budgets(r.settings):
+        parts.append(f"<div class='muted' id='agent-budgets'>{_e(agent_budgets(r.settings))}</div>")
     parts += [f"<div class='note'>{_e(n)}</div>" for n in r.notes]
     parts.append(_program(r))
     parts.append("<h2>Speedup per graph</h2><p class='muted'>original ÷ best accepted; whiskers: the confidence "

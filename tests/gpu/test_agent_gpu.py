@@ -71,10 +71,39 @@ def test_gpu_agent_side_stream_cheat_is_rejected_and_the_original_stays(unfused)
     cheat = "\n_side = torch.cuda.Stream()\n"
     script = Script([lambda ms: ai("", tc("edit_file", file_path=attempt_of(ms), old_string="async_compile.wait(globals())",
                                           new_string="async_compile.wait(globals())" + cheat)),
-                     ai("", tc("evaluate")),
-                     ai("side stream added"),
+                     ai("side stream added"),  # no evaluate: the host's gate is the one that rejects it
                      ai("I cannot beat it.")])
     result, _ = _run(slow_ws, "scripted-gpu-cheat", script, max_model_calls=5)
     (t,) = result.tracks
     assert t.status == "exhausted" and t.loops_done == 0 and t.rejected_by_stage == {"static": 1}
     assert not (runs.track_dir(result.run_id, t.key) / "best.py").exists()
+
+
+def test_gpu_inner_loop_check_screen_and_kernel_bench_on_a_real_triton_wrapper(unfused):
+    """The fast tools on CUDA: check (load + correctness), screen (interleaved timing against the
+    best) and the shell harness timing each Triton kernel on its real arguments, then the host judges."""
+    from tilesmith.search.kernel_bench import bench
+
+    slow_ws, fused = unfused
+    (g,) = sorted((slow_ws / "graphs").iterdir())
+    b = bench((g / "wrapper.py").read_text(), g, calls=5)
+    assert b.device == "cuda" and b.kernels and all(r.launches > 0 and r.ns > 0 for r in b.kernels)
+    assert any(r.kind == "triton" for r in b.kernels)
+    script = Script([ai("", tc("write_file", file_path="/scratch/fused.py", content=fused)),
+                     lambda ms: ai("", tc("execute", command=f"cp scratch/fused.py .{attempt_of(ms)}")),
+                     lambda ms: ai("", tc("check", path=attempt_of(ms))),
+                     lambda ms: ai("", tc("screen", paths=[attempt_of(ms)])),
+                     lambda ms: ai("", tc("execute", command=f"python -m tilesmith.search.kernel_bench .{attempt_of(ms)}")),
+                     ai("fused: checked and screened")])
+    result, _ = _run(slow_ws, "scripted-gpu-inner", script, gate_time_budget_s=4.0)
+    (t,) = result.tracks
+    assert (t.status, t.loops_done, t.candidates) == ("done", 1, 1), t.reason
+    out = {}
+    for e in _events(runs.track_dir(result.run_id, t.key))["events"]:
+        if e["kind"] == "tool_call":
+            out.setdefault(e["tool"], []).append(e["output"])
+    check = json.loads(out["check"][0])
+    assert check["ok"] and check["stage"] == "correctness"
+    assert "x vs best" in out["screen"][0]
+    assert "triton" in out["execute"][-1] and "ms/call" in out["execute"][-1]
+    print("gpu inner loop:", out["screen"][0].replace("\n", " | "))

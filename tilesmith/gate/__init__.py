@@ -41,7 +41,7 @@ def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=N
                              hint="pass the path of a Python file defining call(args)") from None
     mode = resolve_mode(policy.mode, meta)
     v = Verdict(False, "static", meta.get("key", gdir.name), hashlib.sha256(raw).hexdigest(),
-                min_improvement=policy.min_improvement)
+                min_improvement=policy.min_improvement, checked_only=policy.correctness_only)
     note = on_progress or (lambda stage, message: None)
     note("static", "screening the source")
     from tilesmith.gate.static import screen
@@ -257,6 +257,8 @@ def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, prep: _Prepared, ref
                 reasons = [Reason("protocol", f"the candidate worker's outputs are malformed: {e!r}"[:300])]
         if reasons:
             v.reasons += reasons
+            return False
+        if policy.correctness_only:  # a check, not a decision: correct so far, never accepted
             return False
         v.stage = stage("timing")
         note(v.stage, f"timing ({ctx['mode']}), paired and interleaved")

@@ -47,6 +47,9 @@ class Policy:
     # optimizer loops (each loop must beat the best, not merely the original). Correctness is always
     # judged against the original.
     timing_baseline: str | None = None
+    # Load and correctness only (the agent's `check`): the verdict stops after the first pass's
+    # correctness, is never accepted, and says so in `checked_only`.
+    correctness_only: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,6 +118,7 @@ class Verdict:
     # the background (the reference worker) are listed too, so they can add up to more than wall_s.
     stage_seconds: dict[str, float] = field(default_factory=dict)
     timing_baseline_sha256: str | None = None  # set when the timing baseline was not the original
+    checked_only: bool = False  # judged with Policy.correctness_only: no timing, never accepted
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -41,7 +41,8 @@ TrackEnd = Literal["done", "exhausted", "interrupted"]
 class Track:
     """What an optimizer sees of one graph: its folder, the best source so far, the profile."""
 
-    def __init__(self, run_id: str, key: str, graph_dir: Path, deadline: float | None, stop: threading.Event):
+    def __init__(self, run_id: str, key: str, graph_dir: Path, deadline: float | None, stop: threading.Event,
+                 timing_lock: threading.Lock | None = None):
         self.run_id, self.key, self.graph_dir = run_id, key, graph_dir
         self.dir = runs.track_dir(run_id, key)
         self.profiles = self.dir / "profiles"
@@ -49,6 +50,8 @@ class Track:
         self.best_text = (graph_dir / wsmod.WRAPPER_FILE).read_text()
         self.profile = None  # the baseline Profile, when the driver has one
         self._deadline, self._stop = deadline, stop
+        # The driver's: an optimizer holds it while it measures, so no two measurements overlap.
+        self.timing_lock = timing_lock or threading.Lock()
 
     def record(self, variant: dict) -> None:
         """Log one screened variant (profiles/tuner_variants.jsonl; the report counts these lines)."""

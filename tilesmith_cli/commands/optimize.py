@@ -14,7 +14,13 @@ def optimize(
     optimizer: str = typer.Option("auto", help="tuner | agent | auto (the agent when a model is configured)."),
     agency: str = typer.Option("medium", help="low | medium | high: how far the agent may restructure."),
     loops: int = typer.Option(1, help="Accepted improvement cycles per graph."),
-    max_model_calls: int = typer.Option(None, help="Exact model-call budget per graph (agent)."),
+    max_model_calls: int = typer.Option(None, help="Exact model-call budget per graph (agent; default 150; 0: no limit)."),
+    graph_minutes: float = typer.Option(None, help="Minutes the agent may spend per graph (default 45; 0: no limit)."),
+    reasoning_effort: str = typer.Option(None, help="minimal | low | medium | high, sent to reasoning models (agent)."),
+    context_window: int = typer.Option(None, help="The model's context window in tokens, if its provider does not say "
+                                                  "(agent: shorter prompts, earlier summaries)."),
+    warm_start: bool = typer.Option(True, "--warm-start/--no-warm-start",
+                                    help="The agent starts after the built-in tuner (its best source and log)."),
     model: str = typer.Option(None, help="Model name (default: TILESMITH_MODEL)."),
     graphs: list[str] = typer.Option([], "--graphs", help="Only these graph keys (prefixes)."),
     max_minutes: float = typer.Option(None, help="Stop cleanly after this many minutes."),
@@ -29,7 +35,8 @@ def optimize(
 
     settings = OptimizeSettings(optimizer=optimizer, agency=agency, loops=loops, max_model_calls=max_model_calls,
                                 model=model, graphs=list(graphs), max_minutes=max_minutes, jobs=jobs,
-                                skills=[str(p) for p in skills])
+                                skills=[str(p) for p in skills], graph_minutes=graph_minutes,
+                                reasoning_effort=reasoning_effort, context_window=context_window, warm_start=warm_start)
 
     def go():
         if as_json:

@@ -40,6 +40,10 @@ def report(
 def _render(r) -> None:
     out = console.out
     out.print(f"run {r.run_id} ({r.status}), optimizer {r.optimizer or '?'}, workspace {r.workspace or '?'}")
+    from tilesmith.report import agent_budgets
+
+    if agent_budgets(r.settings):
+        out.print(agent_budgets(r.settings))
     for n in r.notes:
         out.print(f"[yellow]note:[/yellow] {n}", markup=True)
     rows = [[g.key[:12], g.kind, _elig(g), g.status, _f(g.baseline_ms, 4), _f(g.best_ms, 4), _speedup(g), g.loops_done,

@@ -146,10 +146,17 @@ def _wait_listed(p: Provider, wait_s: float) -> bool:
                               f"(waited {wait_s:.0f} s)")
 
 
-def chat_model(p: Provider, *, max_retries: int = 4, timeout_s: float = 600.0):
+REASONING_EFFORTS = ("minimal", "low", "medium", "high")
+
+
+def chat_model(p: Provider, *, max_retries: int = 4, timeout_s: float = 600.0, reasoning_effort: str | None = None):
     """The chat model for a checked provider. Retries (with the SDK's exponential backoff) happen
     inside one invocation, so the budget never counts them. With web search, the Responses API (the
-    only one that runs OpenAI's built-in tools)."""
+    only one that runs OpenAI's built-in tools). reasoning_effort: sent as `reasoning_effort` (chat
+    completions) or `reasoning.effort` (Responses API) to reasoning models; None sends nothing."""
+    if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
+        raise TilesmithError(f"unknown reasoning effort {reasoning_effort!r}", code="usage",
+                             hint="use " + ", ".join(REASONING_EFFORTS))
     if p.kind == "registered":
         return _REGISTERED[p.model]()
     from langchain_openai import ChatOpenAI
@@ -157,4 +164,4 @@ def chat_model(p: Provider, *, max_retries: int = 4, timeout_s: float = 600.0):
     headers = {"X-Title": "tilesmith"} if p.kind == "openrouter" else None
     return ChatOpenAI(model=p.model, base_url=p.base_url, api_key=os.environ.get(p.key_env or "") or "unused",
                       use_responses_api=p.web_search, stream_usage=True, max_retries=max_retries, timeout=timeout_s,
-                      default_headers=headers)
+                      default_headers=headers, reasoning_effort=reasoning_effort)

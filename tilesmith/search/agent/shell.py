@@ -4,7 +4,9 @@ group on timeout, and caps its output."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,8 +21,10 @@ PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "LD_LIBRARY_PATH"
                 "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "OMP_NUM_THREADS", "TMPDIR")
 
 
-def shell_env(track_dir: Path) -> dict[str, str]:
-    """The shell's whole environment: PATH with this interpreter first, HOME in the scratch folder."""
+def shell_env(track_dir: Path, graph_dir: Path | None = None) -> dict[str, str]:
+    """The shell's whole environment: PATH with this interpreter first, HOME in the scratch folder,
+    PYTHONPATH holding this tilesmith (so `python -m tilesmith.search.kernel_bench` runs the same code
+    as the host) and TILESMITH_GRAPH_DIR, the captured graph the harness loads."""
     bindirs = [str(Path(sys.executable).parent)]
     for tool in ("nvcc", "ncu", "nsys"):
         found = shutil.which(tool)
@@ -31,16 +35,34 @@ def shell_env(track_dir: Path) -> dict[str, str]:
     env = {"PATH": ":".join(dict.fromkeys(bindirs + ["/usr/local/bin", "/usr/bin", "/bin"])),
            "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     env.update({k: os.environ[k] for k in PASS_THROUGH if k in os.environ})
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    if graph_dir is not None:
+        env["TILESMITH_GRAPH_DIR"] = str(graph_dir)
     return env
+
+
+# A command that runs a program which may measure something (Python, a profiler, a built binary) waits
+# for the run's timing lock; plain file commands (ls, grep, cat, sed) do not.
+MEASURES = re.compile(r"(\bpython[\d.]*\b|\bncu\b|\bnsys\b|\btorchrun\b|(^|[;&|\s])\./)")
 
 
 class GroupKillShellBackend(LocalShellBackend):
     """LocalShellBackend kills only /bin/sh on timeout; grandchildren and background jobs would
-    outlive it (and hold stdout open). Run the command in its own session and kill the group."""
+    outlive it (and hold stdout open). Run the command in its own session and kill the group.
+    `timing_lock`: held while a command that may measure runs (see MEASURES)."""
+
+    def __init__(self, *args, timing_lock=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._timing_lock = timing_lock
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         if not command or not isinstance(command, str):
             return ExecuteResponse(output="Error: the command must be a non-empty string.", exit_code=1)
+        lock = self._timing_lock if self._timing_lock is not None and MEASURES.search(command) else None
+        with lock if lock is not None else contextlib.nullcontext():
+            return self._execute(command, timeout)
+
+    def _execute(self, command: str, timeout: int | None) -> ExecuteResponse:
         limit_s = timeout if timeout is not None else self._default_timeout
         proc = subprocess.Popen(command, shell=True, cwd=str(self.cwd), env=self._env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

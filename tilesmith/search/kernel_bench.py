@@ -1,0 +1,163 @@
+"""Time each kernel of a wrapper on its real arguments: the agent's shell harness.
+
+    python -m tilesmith.search.kernel_bench ATTEMPT.py [--graph GRAPH_DIR] [--calls N] [--json]
+
+Loads the wrapper with the graph's captured inputs and constants (GRAPH_DIR defaults to
+$TILESMITH_GRAPH_DIR, which the agent's shell sets), then runs `call(args)` a few times with every
+kernel it launches wrapped: each Triton kernel's `.run`, each C++ kernel, and each `extern_kernels.*`
+library call is timed on exactly the arguments the wrapper passes it (device synchronized before and
+after each launch, so the times are per kernel, not overlapped). It prints, per kernel, the launches
+per graph call, the time per graph call and its share, and the shapes of its first launch's tensor
+arguments; then the uninstrumented wall time per call. A screen, not a verdict: only the gate decides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class KernelRow:
+    name: str
+    kind: str  # triton | cpp | extern
+    launches: int = 0  # over all timed calls
+    ns: int = 0  # total over all timed calls
+    arg_shapes: list = field(default_factory=list)  # tensor argument shapes of the first launch
+
+    def per_call_ms(self, calls: int) -> float:
+        return self.ns / calls / 1e6
+
+
+@dataclass
+class Bench:
+    calls: int  # timed graph calls
+    wall_ms: float  # uninstrumented median wall time per graph call
+    instrumented_ms: float  # per graph call with every launch synchronized
+    device: str
+    kernels: list[KernelRow]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Timed:
+    """Stands in for one kernel object: times `.run(...)` or a direct call, forwards everything else."""
+
+    def __init__(self, inner, row: KernelRow, sync):
+        self._inner, self._row, self._sync = inner, row, sync
+
+    def _timed(self, fn, args, kwargs):
+        if not self._row.arg_shapes:
+            self._row.arg_shapes = [tuple(a.shape) for a in args if hasattr(a, "shape")][:8]
+        self._sync()
+        t0 = time.perf_counter_ns()
+        out = fn(*args, **kwargs)
+        self._sync()
+        self._row.ns += time.perf_counter_ns() - t0
+        self._row.launches += 1
+        return out
+
+    def run(self, *args, **kwargs):
+        return self._timed(self._inner.run, args, kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return self._timed(self._inner, args, kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class _TimedNamespace:
+    """`extern_kernels` with each library function timed under its own row."""
+
+    def __init__(self, inner, rows: dict, sync):
+        self._inner, self._rows, self._sync = inner, rows, sync
+
+    def __getattr__(self, name):
+        fn = getattr(self._inner, name)
+        if not callable(fn):
+            return fn
+        row = self._rows.setdefault(f"extern_kernels.{name}", KernelRow(f"extern_kernels.{name}", "extern"))
+        return _Timed(fn, row, self._sync)
+
+
+def bench(source: str, graph_dir: str | Path, calls: int = 10) -> Bench:
+    """Load `source` on the graph's captured inputs and time every kernel it launches."""
+    import statistics
+
+    import torch
+
+    from tilesmith import loading
+    from tilesmith.search.kernels import find_kernels
+    from tilesmith.source import split_header
+
+    data = loading.load_graph_data(graph_dir)
+    mod = loading.load_module(source, data.constants)
+    args = loading.clone_args(data.inputs)
+    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    with torch.no_grad():
+        for _ in range(3):  # compile, autotune, warm caches
+            mod.call(list(args))
+        sync()
+        wall = []
+        for _ in range(calls):
+            t0 = time.perf_counter_ns()
+            mod.call(list(args))
+            sync()
+            wall.append(time.perf_counter_ns() - t0)
+        rows: dict[str, KernelRow] = {}
+        for k in find_kernels(split_header(source)[1]):
+            if hasattr(mod, k.name):
+                rows[k.name] = KernelRow(k.name, "cpp" if k.kind == "cpp" else "triton")
+                setattr(mod, k.name, _Timed(getattr(mod, k.name), rows[k.name], sync))
+        if hasattr(mod, "extern_kernels"):
+            mod.extern_kernels = _TimedNamespace(mod.extern_kernels, rows, sync)
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            mod.call(list(args))
+        sync()
+        instrumented = (time.perf_counter_ns() - t0) / calls / 1e6
+    live = sorted((r for r in rows.values() if r.launches), key=lambda r: -r.ns)
+    return Bench(calls, statistics.median(wall) / 1e6, instrumented, "cuda" if cuda else "cpu", live)
+
+
+def table(b: Bench) -> str:
+    total = sum(r.ns for r in b.kernels) / b.calls / 1e6
+    lines = [f"{'kernel':<52} {'kind':<7} {'launches/call':>13} {'ms/call':>10} {'share':>6}  first launch's tensor shapes"]
+    for r in b.kernels:
+        ms = r.per_call_ms(b.calls)
+        lines.append(f"{r.name:<52} {r.kind:<7} {r.launches / b.calls:>13g} {ms:>10.4f} {ms / max(total, 1e-12):>6.1%}"
+                     f"  {r.arg_shapes}")
+    if not b.kernels:
+        lines.append("(no kernel launched from Python: a call replayed from a CUDA graph launches nothing here)")
+    lines.append(f"sum of kernels {total:.4f} ms/call; instrumented call {b.instrumented_ms:.4f} ms "
+                 f"(every launch synchronized); plain call {b.wall_ms:.4f} ms (median of {b.calls}, {b.device})")
+    lines.append("Python between launches and uninstrumented ops make up the rest; only the gate's timing decides.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tilesmith.search.kernel_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("wrapper", help="the attempt (or any wrapper) file to time")
+    ap.add_argument("--graph", default=os.environ.get("TILESMITH_GRAPH_DIR"),
+                    help="the captured graph folder (default: $TILESMITH_GRAPH_DIR)")
+    ap.add_argument("--calls", type=int, default=10, help="timed graph calls (default 10)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ns = ap.parse_args(argv)
+    if not ns.graph:
+        print("no graph folder: pass --graph or set TILESMITH_GRAPH_DIR", file=sys.stderr)
+        return 2
+    b = bench(Path(ns.wrapper).read_text(), ns.graph, max(1, ns.calls))
+    print(json.dumps(b.to_dict()) if ns.json else table(b))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
