@@ -47,7 +47,7 @@ def test_an_input_the_caller_frees_early_is_not_reused_while_a_side_chain_reads_
         holder = [x.clone()]
         del x
 
-        def main(_):
+        def main():
             holder.clear()  # the caller's last reference goes while the side chain still runs
             junk = [torch.full((1024, 1024), 7.0, device="cuda") for _ in range(8)]  # reuse pressure
             return sum(j.sum() for j in junk)
