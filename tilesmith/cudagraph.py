@@ -24,9 +24,13 @@ from them and its own size checks ran at the capture):
   nothing the caller does later can make it capture again.
 * Outputs are handed out without a copy: fresh tensor objects over the graph's own memory. Before a
   replay overwrites that memory, the storages' reference counts show whether the caller still holds
-  any of them: if it does, those outputs are copied out from then on (the caller keeps them across
-  calls) and the graph is re-recorded around the memory the caller holds, which never changes. Outputs
-  that are views of inputs come back as views of the caller's inputs.
+  any of them. A loop that keeps the last step's output while it makes the next call (`y = model(x)`
+  in a loop) is the common case: a second instance of the graph, captured into memory of its own
+  (ROTATE instances at most), takes the calls while the first one's outputs are held, and the two
+  alternate, so no output is copied. A caller that holds the outputs of every instance keeps them across
+  calls: those outputs are copied out from then on and the graph is re-recorded around the memory the
+  caller holds, which never changes. Outputs that are views of inputs come back as views of the
+  caller's inputs.
 * Each call runs on the caller's current stream; a call on another stream than the last one first
   waits for the last one's work.
 
@@ -50,6 +54,9 @@ MAX_LAYOUTS = 8  # graphs kept per wrapper; more layouts (dynamic shapes) run pl
 # reserved, where the plain call frees them; buffers of copied inputs): above this the layout runs plain.
 MAX_GRAPH_BYTES = 2 << 30
 MAX_RECORDS = 5  # captures per layout (the first, then re-records); past it the layout runs plain
+# Instances of one record, each with its own memory pool, that take turns while the caller holds the
+# outputs of the others (a loop holding the last step's output: two suffice).
+ROTATE = 2
 _PLAIN = object()  # a layout's answer: make the plain call this time
 
 _ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)  # CUDA builds only
@@ -132,7 +139,7 @@ class _Layout:
         self.moved: set = set()  # inputs re-recorded once at a new address
         self.copy_out: set = set()  # output positions the caller keeps across calls: copied out
         self.copy_all_out = False  # the last capture: what it can no longer learn, it copies
-        self.rec = None
+        self.recs: list = []  # instances of the current record (same plan, own memory), first one first
         self.stream = self.raw_stream = None  # the stream of the last replay, and its raw handle
         self.pool = None
         devices = {real[i].device for i in self.tensor_idx}
@@ -154,22 +161,50 @@ class _Layout:
         self.calls += 1
         if self.calls == 1:
             return _PLAIN  # the warm-up: lazy initialisation and autotuning happen outside any capture
-        rec = self.rec
-        if rec is None:
+        if not self.recs:
             return self._record(real)
-        if not rec.ptrs_ok(real):
+        rec = self.recs[0]
+        if not rec.ptrs_ok(real):  # every instance reads the same addresses in place
             missed = [i for i in rec.static_idx if real[i].data_ptr() != rec.ptrs[i]]
             self.demoted |= {i for i in missed if i in self.moved and i not in self.hint}
             self.moved |= set(missed)
             return self._record(real)
-        busy = rec.busy_outputs()
-        if busy:  # the caller still holds outputs of the last replay: copy those out from now on, capture again
-            self.copy_out |= busy
+        for rec in self.recs:  # an instance whose outputs the caller no longer holds
+            if not rec.busy_outputs():
+                break
+        else:
+            if len(self.recs) < ROTATE:
+                return self._rotate(real)
+            # The caller holds outputs of every instance: it keeps them across calls. Copy those out
+            # from now on, and capture again around the memory it holds.
+            self.copy_out |= set().union(*(r.busy_outputs() for r in self.recs))
             return self._record(real)
         self._join_stream()
         rec.copy_in(real)
         rec.graph.replay()
         return rec.outputs(real)
+
+    def _rotate(self, real: list):
+        """One more instance of the current record, in a memory pool of its own: its outputs and
+        intermediates never overlap the other instances' outputs, which the caller may hold while it
+        replays (a pool shared with an earlier capture would give it that capture's freed blocks)."""
+        try:
+            with torch.cuda.device(self.dev_idx):
+                self._join_stream()
+                rec = _Record.capture(self, real, torch.cuda.graph_pool_handle())
+                out = rec.first_replay(real)
+                if rec.changed is not None:  # as in _record: the call is done, later ones run plain
+                    self.reason = f"the wrapper changes input {rec.changed}, which moves between calls"
+                    self.recs = []
+                    return out
+                self.recs.append(rec)
+                return out
+        except _NotGraphable as e:
+            self.reason = str(e)
+        except Exception as e:  # noqa: BLE001 - any failure to capture means: run plain
+            self.reason = f"capture failed: {type(e).__name__}: {e}"[:300]
+        self.recs = []
+        return _PLAIN
 
     def _join_stream(self) -> None:
         raw = torch._C._cuda_getCurrentRawStream(self.dev_idx)  # an int: cheaper than the Stream object
@@ -190,37 +225,40 @@ class _Layout:
         # The old graph stays alive through the new capture, so their shared pool does too; its outputs
         # are let go first, so the new graph takes the same blocks (outputs that a later graph reads in
         # place keep their addresses), except those the caller still holds.
-        old_graph = self.rec.graph if self.rec is not None else None
-        self.rec = None
+        old_graph = self.recs[0].graph if self.recs else None
+        self.recs = []  # the other instances (and their own pools) go
         try:
             with torch.cuda.device(self.dev_idx):
                 self._join_stream()
-                self.rec = _Record.capture(self, real)
+                if self.pool is None:
+                    self.pool = torch.cuda.graph_pool_handle()
+                rec = _Record.capture(self, real, self.pool)
                 del old_graph
-                out = self.rec.first_replay(real)
-                if self.rec.changed is not None:  # this call is done (the plain call's effect); later ones run plain
-                    self.reason = f"the wrapper changes input {self.rec.changed}, which moves between calls"
-                    self.rec = None
+                out = rec.first_replay(real)
+                if rec.changed is not None:  # this call is done (the plain call's effect); later ones run plain
+                    self.reason = f"the wrapper changes input {rec.changed}, which moves between calls"
+                    return out
+                self.recs = [rec]
                 return out
         except _NotGraphable as e:
             self.reason = str(e)
         except Exception as e:  # noqa: BLE001 - any failure to capture means: run plain
             self.reason = f"capture failed: {type(e).__name__}: {e}"[:300]
-        self.rec = None
+        self.recs = []
         return _PLAIN
 
     def describe(self) -> dict:
-        r = self.rec
+        r = self.recs[0] if self.recs else None
         return {"calls": self.calls, "captures": self.records, "reason": self.reason,
                 "inputs_in_place": len(r.static_idx) if r else 0, "inputs_copied": len(r.copied_idx) if r else 0,
-                "outputs_copied": len(self.copy_out)}
+                "outputs_copied": len(self.copy_out), "instances": len(self.recs)}
 
 
 class _Record:
     """One capture: the graph, the addresses it reads in place, its copy-in plan, its output plan."""
 
     @classmethod
-    def capture(cls, lay: _Layout, real: list) -> "_Record":
+    def capture(cls, lay: _Layout, real: list, pool) -> "_Record":
         self = cls()
         self.copied_idx = [i for i in lay.tensor_idx if i in lay.demoted]
         self.static_idx = [i for i in lay.tensor_idx if i not in lay.demoted]
@@ -239,10 +277,8 @@ class _Record:
         self.copy_in(real)
         static = [self.own.get(i, x) for i, x in enumerate(real)]
         reserved0 = torch.cuda.memory_reserved(lay.device)
-        if lay.pool is None:
-            lay.pool = torch.cuda.graph_pool_handle()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=lay.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             out = lay.owner.fn(list(static))
         grew = torch.cuda.memory_reserved(lay.device) - reserved0
         if grew > MAX_GRAPH_BYTES:
