@@ -35,7 +35,9 @@ def shell_env(track_dir: Path, graph_dir: Path | None = None) -> dict[str, str]:
     env = {"PATH": ":".join(dict.fromkeys(bindirs + ["/usr/local/bin", "/usr/bin", "/bin"])),
            "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     env.update({k: os.environ[k] for k in PASS_THROUGH if k in os.environ})
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    import tilesmith
+
+    env["PYTHONPATH"] = str(Path(tilesmith.__file__).resolve().parent.parent)  # the folder holding this package
     if graph_dir is not None:
         env["TILESMITH_GRAPH_DIR"] = str(graph_dir)
     return env
