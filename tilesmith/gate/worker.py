@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 _perf_ns = time.perf_counter_ns  # bound before candidate code exists in this process
+_urandom = os.urandom
 _T0_NS = _perf_ns()
 _STARTUP_S = 0.0  # seconds from this module's first line to the first request it can take
 
@@ -30,8 +32,13 @@ class State:
         self.data = None  # loading.GraphData
         self.fns = {}  # role -> call
         self.device = "cpu"
-        self.timed = {}  # role -> list of (call thunk) over rotating buffers
-        self.keep = []  # CUDA graphs, their inputs and their outputs stay alive while timing
+        self.timed = {}  # role -> list of (call thunk returning the call's outputs) over rotating buffers
+        self.bufs = {}  # role -> the rotating input buffers the thunks read
+        self.pool = {}  # role -> input contents the buffers are refilled from between samples
+        self.keep = {}  # role -> CUDA graphs, their inputs and their outputs stay alive while timing
+        self.pending = None  # outputs of the last timed sample, kept until the parent says keep or drop
+        self.checks = []  # outputs of timed calls the parent chose to check (CPU copies)
+        self.state0 = None  # process-state fingerprint taken before any wrapper code ran
 
 
 def _to_device(x, device):
@@ -116,9 +123,14 @@ def op_load(st: State, req: dict) -> dict:
             st.fns["baseline"] = loading.load_module(f.read(), consts()).call
     elif req.get("baseline"):
         st.fns["baseline"] = loading.load_wrapper(req["graph_dir"], consts()).call
+    if req.get("best_file"):  # the best source so far (trusted: accepted earlier), timed as the baseline
+        with open(req["best_file"]) as f:
+            st.fns["best"] = loading.load_module(f.read(), consts()).call
     if req.get("candidate"):
         with open(req["candidate"]) as f:
             text = f.read()
+        if st.state0 is None:  # the last moment before candidate code runs in this process
+            st.state0 = process_state()
         st.fns["candidate"] = loading.load_module(text, consts()).call
     return {"load_ns": _perf_ns() - t0}
 
@@ -134,7 +146,9 @@ def op_outputs(st: State, req: dict) -> dict:
         out, res = _call(st, role, args, side)
         lays = [_layout(o, args) for o in _as_list(out)]
         _storage_ids(lays)
-        results.append({"outputs": res, "layouts": lays, "inputs_after": [_to_cpu(a) for a in args]})
+        after = [_to_cpu(a) for a in args]
+        results.append({"outputs": res, "layouts": lays, "inputs_after": after,
+                        "mutated": any(_changed(x, y) for x, y in zip(inputs, after))})
         del out
     pair = {}
     if req.get("pair"):
@@ -148,6 +162,14 @@ def op_outputs(st: State, req: dict) -> dict:
         pair = {"first": [_to_cpu(o) for o in _as_list(out1)], "second": second}
     torch.save({"sets": results, "pair": pair}, req["out_file"])
     return {}
+
+
+def _changed(before, after) -> bool:
+    if not isinstance(before, torch.Tensor):
+        return False
+    if before.dtype.is_floating_point:
+        return not torch.equal(before.nan_to_num(), after.nan_to_num())
+    return not torch.equal(before, after)
 
 
 def _poison(device: str) -> None:
@@ -186,15 +208,19 @@ def op_ref64(st: State, req: dict) -> dict:
 
 
 def op_time_setup(st: State, req: dict) -> dict:
-    """Rotating device buffers for each role; in graph mode a CUDA graph per buffer set and role."""
-    sets = torch.load(req["sets_file"], weights_only=True)["inputs"]
+    """`buffers` rotating device buffers for each role, filled from the first input contents of the
+    sets file (the pool later samples are refilled from); in graph mode a CUDA graph per buffer set."""
+    contents = torch.load(req["sets_file"], weights_only=True)["inputs"]
+    n = max(1, int(req.get("buffers") or len(contents)))
     for role in req["roles"]:
-        bufs = [[_to_device(x, st.device) for x in inputs] for inputs in sets]
+        st.keep[role] = []
+        st.pool[role] = [[_to_device(x, st.device) for x in inputs] for inputs in contents]
+        st.bufs[role] = [[_to_device(x, st.device) for x in contents[b % len(contents)]] for b in range(n)]
         fn = st.fns[role]
         if req["mode"] == "graph":
-            st.timed[role] = [_capture_graph(st, fn, b) for b in bufs]
+            st.timed[role] = [_capture_graph(st, role, fn, b) for b in st.bufs[role]]
         else:
-            st.timed[role] = [(lambda fn=fn, b=b: fn(list(b))) for b in bufs]
+            st.timed[role] = [(lambda fn=fn, b=b: fn(list(b))) for b in st.bufs[role]]
         with torch.no_grad():
             for thunk in st.timed[role]:
                 thunk()  # warm-up: first calls autotune and allocate
@@ -202,7 +228,7 @@ def op_time_setup(st: State, req: dict) -> dict:
     return {}
 
 
-def _capture_graph(st: State, fn, bufs):
+def _capture_graph(st: State, role: str, fn, bufs):
     with torch.no_grad():
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -216,29 +242,95 @@ def _capture_graph(st: State, fn, bufs):
     # The graph reads and writes these addresses on every replay: its inputs must outlive it like its
     # outputs. (Dropping `bufs` here let later allocations, or empty_cache at the next capture, take that
     # memory: replays then read freed memory, and on the H200 hit an illegal address now and then.)
-    st.keep.append((g, out, bufs))
-    return g.replay
+    st.keep[role].append((g, out, bufs))
+    replay = g.replay
+    return lambda: (replay(), out)[1]
+
+
+def _snapshot(out, graph: bool):
+    """A call's outputs, kept past later calls: in graph mode they live in the graph's buffers (a copy)."""
+    return [o.clone() if graph and isinstance(o, torch.Tensor) else o for o in _as_list(out)]
 
 
 def op_time(st: State, req: dict) -> dict:
-    """`rounds` paired samples of `reps` calls each; order alternates; device-wide sync around each sample."""
-    reps, first = int(req["reps"]), int(req.get("round0", 0))
-    roles = req["roles"]
-    ns = {r: [] for r in roles}
-    k = 0
+    """One timed sample: `reps` calls of `role` over the rotating buffers from index `start`, device-wide
+    sync around it. Before it, the buffers are refilled with the contents `fill` names (new values, same
+    addresses). After each call, a fresh random draw decides whether this call replaces the one kept so
+    far (reservoir sampling: every call of the sample equally likely): drawn after the call returns, so
+    no call can know whether it will be checked. The kept call and the last call stay pending; the next
+    request says whether the parent wants them (`keep`)."""
+    if req.get("keep"):
+        _keep_pending(st)
+    st.pending = None
+    role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
+    for b, c in enumerate(req.get("fill") or []):
+        for dst, src in zip(st.bufs[role][b], st.pool[role][c]):
+            _refill(dst, src)
+    thunks = st.timed[role]
+    n, graph = len(thunks), bool(st.keep.get(role))
+    kept, kept_i, out = None, -1, None
     with torch.no_grad():
-        for r in range(first, first + int(req["rounds"])):
-            order = roles if r % 2 == 0 else roles[::-1]
-            for role in order:
-                thunks = st.timed[role]
-                _device_sync()
-                t0 = _perf_ns()
-                for i in range(reps):
-                    thunks[(k + i) % len(thunks)]()
-                _device_sync()
-                ns[role].append(_perf_ns() - t0)
-            k += reps
+        _device_sync()
+        t0 = _perf_ns()
+        for i in range(reps):
+            out = thunks[(k + i) % n]()
+            if int.from_bytes(_urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
+                kept, kept_i = _snapshot(out, graph), i
+        _device_sync()
+        ns = _perf_ns() - t0
+    st.pending = {"start": k, "calls": [kept_i, reps - 1], "outputs": [kept, _snapshot(out, graph)]}
     return {"ns": ns}
+
+
+def _keep_pending(st: State) -> None:
+    p, st.pending = st.pending, None
+    if p is not None:
+        p["outputs"] = [[_to_cpu(o) for o in outs] for outs in p["outputs"]]
+        st.checks.append(p)
+
+
+def op_checks(st: State, req: dict) -> dict:
+    """The kept outputs of timed calls (the pending sample's too when `keep`), saved raw for the parent."""
+    if req.get("keep"):
+        _keep_pending(st)
+    torch.save(st.checks, req["out_file"])
+    n, st.checks = len(st.checks), []
+    return {"n": n}
+
+
+def process_state() -> dict:
+    """Process-wide settings a call could change to slow down, or change the numerics of, code that runs
+    after it: compared before and after candidate code runs."""
+    tiny = torch.tensor([1e-40], dtype=torch.float32)
+    st = {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+          "matmul_precision": torch.get_float32_matmul_precision(),
+          "cuda_matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+          "cuda_fp16_reduced": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+          "cuda_bf16_reduced": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+          "cudnn": [torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+                    torch.backends.cudnn.deterministic],
+          "deterministic": [torch.are_deterministic_algorithms_enabled(),
+                            torch.is_deterministic_algorithms_warn_only_enabled()],
+          "flush_denormal": bool((tiny * 1.0).item() == 0.0), "default_dtype": str(torch.get_default_dtype()),
+          "default_device": str(torch.get_default_device()) if hasattr(torch, "get_default_device") else "",
+          "grad": torch.is_grad_enabled(), "inference_mode": torch.is_inference_mode_enabled(),
+          "python_threads": threading.active_count(), "affinity": sorted(os.sched_getaffinity(0))
+          if hasattr(os, "sched_getaffinity") else [], "nice": os.getpriority(os.PRIO_PROCESS, 0),
+          "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    if _CUDA and torch.cuda.is_initialized():
+        st["cuda_device"] = torch.cuda.current_device()
+        st["cuda_stream"] = torch.cuda.current_stream().cuda_stream
+        st["allocator"] = torch.cuda.get_allocator_backend()
+    return st
+
+
+def _state_change(st: State) -> str:
+    if st.state0 is None:
+        return ""
+    now = process_state()
+    diff = [f"{k} {st.state0.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(st.state0))
+            if now.get(k) != st.state0.get(k) and k in st.state0]
+    return "; ".join(diff)
 
 
 def op_ready(st: State, req: dict) -> dict:
@@ -246,7 +338,8 @@ def op_ready(st: State, req: dict) -> dict:
     return {"pid": os.getpid(), "startup_s": _STARTUP_S}
 
 
-OPS = {"ready": op_ready, "load": op_load, "outputs": op_outputs, "ref64": op_ref64, "time_setup": op_time_setup, "time": op_time}
+OPS = {"ready": op_ready, "load": op_load, "outputs": op_outputs, "ref64": op_ref64, "time_setup": op_time_setup, "time": op_time,
+       "checks": op_checks}
 
 
 def _die_with_parent() -> None:
@@ -330,6 +423,9 @@ def main(fd: int) -> None:
             break
         try:
             reply = {"ok": True, **OPS[req["op"]](st, req)}
+            changed = _state_change(st)
+            if changed:  # checked after every request that ran candidate code, before any answer
+                reply = {"ok": False, "code": "process-state", "error": "the candidate changes process state: " + changed}
         except Exception as e:  # the candidate raised (or could not load): the parent decides what it means
             from tilesmith.errors import TilesmithError
 
