@@ -151,10 +151,12 @@ def optimize(workspace: str | Path = "tilesmith-workspace",
     stop = threading.Event()
     timing_lock = threading.Lock()  # measurements never overlap: they would disturb each other
 
+    spares = None  # the pool of started gate workers, passed to every decision explicitly
+
     def work(g):
         t = tracks[g.key]
         try:
-            _run_track(rid, ws, g, t, settings, deadline, stop, timing_lock, save, note)
+            _run_track(rid, ws, g, t, settings, deadline, stop, timing_lock, save, note, spares=spares)
         except Exception as e:  # one graph's failure never ends the run
             t.status, t.reason = "failed", f"{type(e).__name__}: {e}"[:500]
             save(t)
@@ -162,7 +164,7 @@ def optimize(workspace: str | Path = "tilesmith-workspace",
 
     interrupted = False
     try:
-        with keep_spares(default_spares()):  # decisions run back to back: workers start ahead of them
+        with keep_spares(default_spares()) as spares:  # decisions run back to back: workers start ahead of them
             _work_all(rid, ws, graphs, tracks, settings, deadline, stop, timing_lock, note, work)
     except KeyboardInterrupt:
         interrupted = True
@@ -252,7 +254,7 @@ def _exact_hit(rid: str, g, settings: OptimizeSettings) -> bool:
     return True
 
 
-def _run_track(rid, ws, g, t: TrackResult, settings, deadline, stop, timing_lock, save, note) -> None:
+def _run_track(rid, ws, g, t: TrackResult, settings, deadline, stop, timing_lock, save, note, spares=None) -> None:
     if _exact_hit(rid, g, settings):
         t.status, t.reason = "cached", "an artifact made with the same settings is installed"
         save(t)
@@ -271,7 +273,7 @@ def _run_track(rid, ws, g, t: TrackResult, settings, deadline, stop, timing_lock
     t.status = "running"
     save(t)
     note("track", key=g.key, track=t)
-    submit = functools.partial(_submit, rid, g, t, track, settings, timing_lock, save, note)
+    submit = functools.partial(_submit, rid, g, t, track, settings, timing_lock, save, note, spares=spares)
     if t.loops_done >= settings.loops:
         t.status = "done"
     elif settings.optimizer == "agent":  # the agent's own loop (a LangGraph graph) calls submit per turn
@@ -302,7 +304,7 @@ def _generator_loop(optimizer, track: _Track, settings, t: TrackResult, submit) 
     t.status = "done"
 
 
-def _submit(rid, g, t: TrackResult, track: _Track, settings, timing_lock, save, note, cand) -> dict:
+def _submit(rid, g, t: TrackResult, track: _Track, settings, timing_lock, save, note, cand, spares=None) -> dict:
     """Judge one candidate with the gate (against the best so far), record the verdict under profiles/,
     and on acceptance make it the best so far and credit the loop. Returns the verdict dict."""
     from tilesmith.gate import judge
@@ -313,7 +315,8 @@ def _submit(rid, g, t: TrackResult, track: _Track, settings, timing_lock, save, 
     t.candidates += 1
     note("candidate", key=g.key, label=cand.label, track=t)
     with timing_lock:
-        v = judge(track.graph_dir, path, _policy(settings, 1000 + n_verdicts, best_file if best_file.exists() else None))
+        v = judge(track.graph_dir, path, _policy(settings, 1000 + n_verdicts, best_file if best_file.exists() else None),
+                  spares=spares)
     vd = v.to_dict()
     vd["label"], vd["written"] = cand.label, runs.now_iso()
     write_json(track.profiles / f"verdict_{n_verdicts:03d}.json", vd)

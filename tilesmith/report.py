@@ -46,6 +46,7 @@ class CandidateRow:
     speedup: float | None = None
     speedup_low: float | None = None
     speedup_high: float | None = None
+    sandbox: str = ""  # the isolation the candidate ran under: namespaces | env-only ("" in older verdicts)
 
 
 @dataclass
@@ -231,7 +232,8 @@ def _candidate(key: str, index: int, v: dict, f: Path, started) -> CandidateRow:
     return CandidateRow(key, index, str(v.get("label") or ("submitted" if index == 0 else f"candidate {index}")),
                         t_s, float(v["wall_s"]) if _num(v.get("wall_s")) else None, bool(v.get("accepted")),
                         str(v.get("stage") or "?"), [str(r.get("code")) for r in v.get("reasons") or [] if isinstance(r, dict)],
-                        _f(tm.get("speedup")), min(lows) if lows else None, max(highs) if highs else None)
+                        _f(tm.get("speedup")), min(lows) if lows else None, max(highs) if highs else None,
+                        str(v.get("sandbox") or ""))
 
 
 def _timing(v: dict) -> dict:

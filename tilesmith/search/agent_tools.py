@@ -10,6 +10,7 @@ from pathlib import Path
 from langchain_core.tools import tool
 
 from tilesmith.errors import TilesmithError
+from tilesmith.sandbox import redact
 
 AGENCY_RULES = {
     "low": "Agency LOW: change only launch parameters, tiling, block sizes, warps/stages, vectorization and "
@@ -66,10 +67,10 @@ def make_tools(state, settings) -> list:
         try:
             v = judge(state.track.graph_dir, state.attempt, pol)
         except TilesmithError as e:
-            return json.dumps({"error": e.message, "hint": e.hint})
+            return redact(json.dumps({"error": e.message, "hint": e.hint}))
         except Exception as e:  # never abort the agent's turn: report and let it carry on
-            return json.dumps({"error": f"the gate failed: {type(e).__name__}: {e}"[:2000]})
-        return json.dumps(_compact_verdict(v.to_dict()), indent=1)
+            return redact(json.dumps({"error": f"the gate failed: {type(e).__name__}: {e}"[:2000]}))
+        return redact(json.dumps(_compact_verdict(v.to_dict()), indent=1))
 
     @tool
     def profile() -> str:
@@ -82,9 +83,9 @@ def make_tools(state, settings) -> list:
             state.track.profile = base
             cur = profile_graph(state.track.graph_dir, Path(state.attempt).read_text())
         except TilesmithError as e:
-            return f"profiling failed: {e.message}"
+            return redact(f"profiling failed: {e.message}")
         except Exception as e:
-            return f"profiling failed: {type(e).__name__}: {e}"[:2000]
+            return redact(f"profiling failed: {type(e).__name__}: {e}"[:2000])
         return "BASELINE (original wrapper)\n" + profile_table(base) + "\n\nCURRENT ATTEMPT\n" + profile_table(cur)
 
     for t in (evaluate, profile):
