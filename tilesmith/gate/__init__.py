@@ -279,36 +279,35 @@ def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, othe
 
     policy, clock, mode = ctx["policy"], ctx["clock"], ctx["mode"]
     ctx["note"]("timing", f"timing ({mode}), paired and interleaved, the original in its own worker")
+    reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / r["per_call_ns"])))
+    ctx["buffers"] = timing.buffer_count(policy, reps, _input_bytes(contents[0][1]))
     with clock(f"{key}.timing_setup"):
         for worker, role in ((ref.worker, ref.base_role), (w, "candidate")):
             f = worker.dir / f"contents-{p.seed}.pt"
             save_sets(f, contents, torch)
             worker.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": mode,
-                            "buffers": policy.rotating_sets}, policy.call_timeout_s)
+                            "buffers": ctx["buffers"]}, policy.call_timeout_s)
             f.unlink(missing_ok=True)
     with clock(f"{key}.quiesce"):  # no other worker may be busy while samples are taken
         for other in others:
             other.idle()
         calm_spares()
-    reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / r["per_call_ns"])))
     with clock(f"{key}.timing"):
         p.timing, reasons, kept = timing.measure(ref.worker, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
-                                                 len(contents))
+                                                 len(contents), ctx["buffers"])
     if p.timing:
         clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)) / 1e9)
     if p.timing is None:
         return reasons
     with clock(f"{key}.timing_checks"):
-        o = w.dir / f"checks-{p.seed}.pt"
-        w.request({"op": "checks", "out_file": str(o), "keep": True}, policy.call_timeout_s)
-        got = load_raw(o, torch)
-        if _random_graph(ctx["gdir"]):  # outputs depend on the RNG state, which timed calls advance
-            return reasons
-        # A graph that updates its inputs in place (running statistics) changes its buffers call by call:
-        # only each buffer's first call after a refill saw the content the original's outputs are for.
-        first_use = any(bool(x.get("mutated")) for x in r["base"][p.seed]["sets"])
-        bad = _timing_checks(p, got, kept, r["timing"][p.seed], policy.rotating_sets, first_use)
+        bad = _timing_checks(p, ctx, w, ref, kept, r["base"][p.seed]["sets"])
     return bad or reasons
+
+
+def _input_bytes(inputs: list) -> int:
+    import torch
+
+    return sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
 
 
 def _random_graph(gdir: Path) -> bool:
@@ -318,27 +317,37 @@ def _random_graph(gdir: Path) -> bool:
     return re.search(r"inductor_seeds|inductor_random|inductor_lookup_seed|philox|\brand(n|int|perm|_like)?\(", text) is not None
 
 
-def _timing_checks(p: Pass, got: list, kept: list, orig: list, buffers: int, first_use: bool) -> list[Reason]:
-    """Each kept timed call's outputs against the original's outputs for the content its buffer held."""
+def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets: list) -> list[Reason]:
+    """The outputs of the timed calls the parent kept, against the original's outputs on exactly the same
+    inputs, computed in the reference worker (which never loads the candidate)."""
+    import torch
+
     from tilesmith.gate.correctness import compare_values
 
-    if not isinstance(got, list) or len(got) != len(kept):
-        return [Reason("protocol", f"the candidate worker kept {len(got) if isinstance(got, list) else '?'} timed "
-                                   f"samples, not {len(kept)}")]
-    for entry, sample in zip(got, kept):
-        if entry.get("start") != sample.start:
-            return [Reason("protocol", "the candidate worker's kept timed samples are out of order")]
-        for call, outs in zip(entry["calls"], entry["outputs"]):
-            if first_use and call >= buffers:
-                continue
-            content = sample.fill[(sample.start + call) % buffers]
-            want = orig[content]
-            bad = len(outs) != len(want) or any(not compare_values(c, o).ok for c, o in zip(outs, want))
-            if bad:
-                return [Reason("wrong-values-in-timing", f"call {sample.start + call} of the timed stream (input "
-                                                         f"content {content}) returned outputs that differ from the "
-                                                         "original's on the same inputs")]
-    p.timing.checked_calls = sum(1 for e in got for c in e["calls"] if not first_use or c < buffers)
+    policy, buffers = ctx["policy"], ctx["buffers"]
+    o = w.dir / f"checks-{p.seed}.pt"
+    w.request({"op": "checks", "out_file": str(o), "keep": True}, policy.call_timeout_s)
+    got = load_raw(o, torch)
+    if _random_graph(ctx["gdir"]):  # outputs depend on the RNG state, which timed calls advance
+        return []
+    if not isinstance(got, list) or len(got) != len(kept) or any(g.get("start") != s.start for g, s in zip(got, kept)):
+        return [Reason("protocol", "the candidate worker's kept timed samples do not match the ones chosen")]
+    # A graph that updates its inputs in place (running statistics) changes its buffers call by call:
+    # only each buffer's first call after a refill read the inputs the original is run on here.
+    first_use = any(bool(x.get("mutated")) for x in orig_sets)
+    calls = [[c for c in g["calls"] if 0 <= c and (not first_use or c < buffers)] for g in got]
+    samples = [{"start": s.start, "fill": s.fill, "perturb": s.perturb, "calls": cs} for s, cs in zip(kept, calls)]
+    o = ref.worker.dir / f"original-checks-{p.seed}.pt"
+    ref.worker.request({"op": "original_checks", "samples": samples, "out_file": str(o), "bufs_role": ref.base_role},
+                       policy.call_timeout_s)
+    want = load_raw(o, torch)
+    for g, s, cs, ws in zip(got, kept, calls, want):
+        for c, orig in zip(cs, ws):
+            outs = g["outputs"][g["calls"].index(c)]
+            if len(outs) != len(orig) or any(not compare_values(a, b).ok for a, b in zip(outs, orig)):
+                return [Reason("wrong-values-in-timing", f"call {s.start + c} of the timed stream returned outputs "
+                                                         "that differ from the original's on the same inputs")]
+    p.timing.checked_calls = sum(len(cs) for cs in calls)
     return []
 
 

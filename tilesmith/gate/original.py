@@ -32,7 +32,7 @@ def load_raw(path: Path, torch):
 # The original's results depend only on the graph's files, the device and the input sets: judging many
 # candidates for one graph (an optimizer's loop, a test suite) reuses them. Kept in this (trusted)
 # process only; a file cache could be written by candidate code.
-_REF_CACHE: dict = {}  # (graph id, seed, random_sets, rotating_sets, pair, device) -> {"base", "ref64", "timing"}
+_REF_CACHE: dict = {}  # (graph id, seed, random_sets, rotating_sets, pair, device) -> {"base", "ref64"}
 _SOLO_CACHE: dict = {}  # (graph id, device, rotating_sets) -> per-call ns of the original alone
 _REF_CACHE_SEEDS = 8
 
@@ -58,7 +58,7 @@ def timing_contents(meta: dict, inputs: list, seed: int, policy: Policy) -> list
 
 class Reference:
     """The original's side of a decision, in a worker that never loads the candidate: its outputs and
-    float64 reference for every seed's sets, its outputs on the timing contents, its solo per-call time
+    float64 reference for every seed's sets, its solo per-call time
     (from this process's cache where it has them), and then, kept open, the baseline's timed samples."""
 
     def __init__(self, gdir: Path, sets: dict, contents: dict, pair, ctx: dict, quiet_first: list):
@@ -72,7 +72,7 @@ class Reference:
         from tilesmith.gate.proc import start_worker
 
         self.worker = start_worker("reference", ctx["scratch"], device, (gdir,), ctx.get("spares"))
-        missing = {s: (named, contents[s]) for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
+        missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
         args = (gdir, missing, contents[next(iter(contents))], pair, ctx, quiet_first)
         self._thread = threading.Thread(target=self._run, args=args, daemon=True)
         self._thread.start()
@@ -102,7 +102,7 @@ class Reference:
         self.quiet.set()
 
     def get(self) -> dict:
-        """{"base"|"ref64"|"timing": {seed: ...}, "per_call_ns": float}, waiting if need be."""
+        """{"base"|"ref64": {seed: ...}, "per_call_ns": float}, waiting if need be."""
         from tilesmith.gate.proc import WorkerFailure
 
         self.calm()
@@ -113,9 +113,9 @@ class Reference:
                                  code="baseline-failed", hint="check `tilesmith replay GRAPH_DIR` first") from None
         if self.error is not None:
             raise self.error
-        out = {"base": {}, "ref64": {}, "timing": {}, "per_call_ns": _SOLO_CACHE[self._solo_key]}
+        out = {"base": {}, "ref64": {}, "per_call_ns": _SOLO_CACHE[self._solo_key]}
         for s, k in self._keys.items():
-            for part in ("base", "ref64", "timing"):
+            for part in ("base", "ref64"):
                 out[part][s] = _REF_CACHE[k][part]
         return out
 
@@ -131,7 +131,7 @@ class Reference:
 def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, quiet, quiet_first: list,
                solo_known) -> tuple[dict, float | None]:
     """The original alone, in worker `w`: outputs and the float64 reference on every set of the seeds in
-    `missing` and its outputs on their timing contents; then (once `quiet` is set and the workers in
+    `missing`; then (once `quiet` is set and the workers in
     quiet_first are idle) a solo per-call time that sizes timed samples, unless `solo_known`. Loads the
     timing baseline too when it is not the original."""
     import torch
@@ -148,7 +148,7 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
             best.write_bytes(Path(ctx["timing_base"]).read_bytes())
         w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "best_file": str(best) if best else None,
                    "device": device}, policy.load_timeout_s)
-    for seed, (named, contents) in missing.items():
+    for seed, named in missing.items():
         f, o = w.dir / f"sets-ref-{seed}.pt", w.dir / f"ref-{seed}.pt"
         save_sets(f, named, torch)
         with clock("reference.outputs"):
@@ -159,12 +159,7 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
             r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
                           policy.call_timeout_s)
         ref64 = load_raw(o, torch)["outputs"] if r.get("available") else None
-        save_sets(f, contents, torch)
-        with clock("reference.outputs"):
-            w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o)},
-                      policy.call_timeout_s)
-        timed = [r["outputs"] for r in load_raw(o, torch)["sets"]]
-        out[seed] = {"base": base, "ref64": ref64, "timing": timed}
+        out[seed] = {"base": base, "ref64": ref64}
         f.unlink()
     if solo_known is not None:
         return out, None

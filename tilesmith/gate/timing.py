@@ -66,7 +66,7 @@ def decide(est: Estimate, min_improvement: float, futility_high: float | None = 
 
 
 MAX_CHECKED_SAMPLES = 24  # candidate samples whose outputs are kept per pass (memory: 2 calls' outputs each)
-KEEP_PROBABILITY = 0.3  # each sample is kept with this probability, drawn after it ran (the last one always)
+KEEP_PROBABILITY = 0.5  # each sample is kept with this probability, drawn after it ran (the last one always)
 
 
 @dataclass
@@ -74,7 +74,8 @@ class CheckedSample:
     """A candidate sample whose kept calls' outputs the parent compares with the original's."""
 
     start: int  # rotation index of its first call: call i read buffer (start + i) % buffers
-    fill: list[int]  # the input content each buffer held during the sample
+    fill: list[int]  # the pool content each buffer was refilled from before the sample
+    perturb: int  # the seed that then gave every buffer values of its own (worker._set_content)
 
 
 def _sample(worker, msg: dict, timeout_s: float) -> tuple[int | None, Reason | None]:
@@ -92,19 +93,21 @@ def _sample(worker, msg: dict, timeout_s: float) -> tuple[int | None, Reason | N
 
 
 def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_role: str = "baseline",
-            contents: int = 1) -> tuple[Timing | None, list[Reason], list[CheckedSample]]:
+            contents: int = 1, buffers: int | None = None) -> tuple[Timing | None, list[Reason], list[CheckedSample]]:
     """Paired rounds until the bound decides or the time budget is spent.
 
     timer: the worker that times the baseline (`base_role`); it never loads the candidate.
     cand: the candidate's worker (role "candidate"). One process is busy at a time: each sample is a
     request, and the parent waits for its answer before sending the next.
+    buffers: the rotating buffer sets each worker holds (time_setup's `buffers`).
     contents: input contents in the workers' pools; before each round both refill their rotating
-    buffers with the same random choice of contents (values rotate, not only addresses).
+    buffers with the same random choice of contents, then perturb them with the same fresh seed: the
+    values of every round are new (no cache keyed on addresses or on contents can answer a call).
     Returns the timing, the reasons to reject, and the candidate samples whose outputs the candidate
     worker kept (the last one included): fetch them with a `checks` request, keep=True.
     """
     rng = random.SystemRandom()
-    buffers = max(1, policy.rotating_sets)
+    buffers = max(1, buffers or policy.rotating_sets)
     b_all: list[int] = []
     c_all: list[int] = []
     kept: list[CheckedSample] = []
@@ -115,16 +118,17 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     while True:
         for _ in range(batch):
             fill = [rng.randrange(contents) for _ in range(buffers)]
+            perturb = rng.getrandbits(62)
             sides = [(timer, base_role, b_all), (cand, "candidate", c_all)]
             for w, role, into in (sides if len(b_all) % 2 == 0 else sides[::-1]):
-                msg = {"op": "time", "role": role, "reps": reps, "start": k, "fill": fill, "mode": mode}
+                msg = {"op": "time", "role": role, "reps": reps, "start": k, "fill": fill, "perturb": perturb}
                 if role == "candidate":
                     msg["keep"] = keep_last  # decided after the previous sample ran
                 ns, bad = _sample(w, msg, timeout_s)
                 if bad:
                     return None, [bad], kept
                 into.append(ns)
-            last = CheckedSample(k, fill)
+            last = CheckedSample(k, fill, perturb)
             keep_last = len(kept) < MAX_CHECKED_SAMPLES - 1 and rng.random() < KEEP_PROBABILITY
             if keep_last:
                 kept.append(last)
@@ -160,3 +164,11 @@ def solo_ns(worker, role: str, timeout_s: float, samples: int = 7) -> float:
             raise RuntimeError(bad.message)
         ns.append(t)
     return max(1000.0, float(statistics.median(ns)))
+
+
+def buffer_count(policy, reps: int, input_bytes: int, cap_bytes: int = 1 << 30, most: int = 64) -> int:
+    """Rotating buffer sets for timing: one per call of a sample where memory allows (up to `most` and
+    `cap_bytes` of inputs), so within a sample no call reads the values of another (no cache keyed on
+    addresses or contents can answer), and never fewer than policy.rotating_sets."""
+    fit = cap_bytes // max(1, input_bytes)
+    return max(1, policy.rotating_sets, min(reps, most, fit))

@@ -264,8 +264,7 @@ def op_time(st: State, req: dict) -> dict:
     st.pending = None
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     for b, c in enumerate(req.get("fill") or []):
-        for dst, src in zip(st.bufs[role][b], st.pool[role][c]):
-            _refill(dst, src)
+        _set_content(st, st.bufs[role][b], st.pool[role][c], req.get("perturb"), b)
     thunks = st.timed[role]
     n, graph = len(thunks), bool(st.keep.get(role))
     kept, kept_i, out = None, -1, None
@@ -280,6 +279,41 @@ def op_time(st: State, req: dict) -> dict:
         ns = _perf_ns() - t0
     st.pending = {"start": k, "calls": [kept_i, reps - 1], "outputs": [kept, _snapshot(out, graph)]}
     return {"ns": ns}
+
+
+def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:
+    """Refill one buffer set with a pool content; with a seed, every non-parameter float input is then
+    scaled by 1 + 1e-2 * uniform(-1, 1) elementwise (signs and zeros kept), drawn on the device from
+    (seed, b): values no call has seen before, so no cache keyed on content can answer from memory."""
+    for i, (dst, src) in enumerate(zip(bufs, content)):
+        _refill(dst, src)
+        info = (st.data.meta.get("inputs") or [{}] * len(bufs))[i] if st.data else {}
+        if seed is None or not isinstance(dst, torch.Tensor) or not dst.dtype.is_floating_point \
+                or info.get("parameter") or not span_numel(dst):
+            continue
+        n = span_numel(dst)
+        g = torch.Generator(device=dst.device).manual_seed((int(seed) * 1009 + b * 101 + i) % (1 << 62))
+        u = torch.rand(n, generator=g, device=dst.device, dtype=torch.float32)
+        flat = dst.as_strided((n,), (1,), dst.storage_offset())
+        flat.mul_((1.0 + 1e-2 * (2.0 * u - 1.0)).to(dst.dtype))
+
+
+def op_original_checks(st: State, req: dict) -> dict:
+    """The original (role baseline) on exactly the inputs of the candidate's kept timed calls: for each
+    sample (fill, perturb seed, start) and each kept call, the buffer that call read, rebuilt."""
+    role, n = req["bufs_role"], len(st.bufs[req["bufs_role"]])
+    results = []
+    for sample in req["samples"]:
+        outs = []
+        for call in sample["calls"]:
+            b = (sample["start"] + call) % n
+            bufs = st.bufs[role][b]
+            _set_content(st, bufs, st.pool[role][sample["fill"][b]], sample["perturb"], b)
+            _, res = _call(st, "baseline", bufs, False)
+            outs.append(res)
+        results.append(outs)
+    torch.save(results, req["out_file"])
+    return {}
 
 
 def _keep_pending(st: State) -> None:
@@ -339,7 +373,7 @@ def op_ready(st: State, req: dict) -> dict:
 
 
 OPS = {"ready": op_ready, "load": op_load, "outputs": op_outputs, "ref64": op_ref64, "time_setup": op_time_setup, "time": op_time,
-       "checks": op_checks}
+       "checks": op_checks, "original_checks": op_original_checks}
 
 
 def _die_with_parent() -> None:
