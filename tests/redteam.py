@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from tests.gate_helpers import _after_clear, _before_return, _first_arg, _return_name
+from tests.gate_helpers import _after_clear, _before_return, _return_name
 
 
 def stale_after_n_on_the_runner(text: str, n: int = 16) -> str:

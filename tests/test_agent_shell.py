@@ -66,3 +66,24 @@ def test_file_tools_are_fenced_to_the_track_folder(tmp_path):
     with pytest.raises(ValueError):
         sh.read("/../../etc/passwd")
     assert "not found" in str(sh.read("/etc/hostname")).lower() or not os.path.exists(tmp_path / "etc")
+
+
+@pytest.mark.skipif(__import__("tilesmith.sandbox", fromlist=["level"]).level() != "namespaces",
+                    reason="needs user namespaces")
+def test_sandboxed_shell_sees_only_its_own_processes_no_parent_environment_no_home_and_no_network(tmp_path):
+    sh = GroupKillShellBackend(root_dir=tmp_path, virtual_mode=True, env=shell_env(tmp_path))
+    home = Path.home()
+    r = sh.execute(f"ls /proc | grep -c '^[0-9]'; cat /proc/$PPID/environ || echo no-parent; echo $(ls -A {home}); "
+                   "echo x > ok.txt && echo wrote-track; echo x > /etc/tilesmith-probe || echo read-only; "
+                   "python -c \"import socket; socket.create_connection(('1.1.1.1', 53), 2)\" 2>&1 | tail -1")
+    lines = r.output.splitlines()
+    assert int(lines[0]) <= 6  # the shell and its pipeline, not the machine's processes
+    assert "no-parent" in r.output  # no parent process to read
+    # The real home is hidden: what shows there is only what the interpreter and the compile caches
+    # need, bound back.
+    from tilesmith.sandbox import _cache_dirs, _needed_paths
+
+    needed = {Path(p).relative_to(home).parts[0] for p in _needed_paths() + _cache_dirs() if Path(p).is_relative_to(home)}
+    assert set(lines[3].split()) <= needed
+    assert "wrote-track" in r.output and (tmp_path / "ok.txt").exists() and "read-only" in r.output
+    assert "unreachable" in r.output.lower()

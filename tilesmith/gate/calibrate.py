@@ -74,20 +74,26 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
         cand.write_bytes(Path(candidate_path).read_bytes())
         wc.request({"op": "load", "graph_dir": str(gdir), "candidate": str(cand), "device": device},
                    policy.load_timeout_s)
+        f = wb.dir / "contents.pt"
+        save_sets(f, contents, torch)
+        wb.request({"op": "time_setup", "sets_file": str(f), "roles": [base_role], "mode": "launch",
+                    "buffers": policy.rotating_sets}, policy.call_timeout_s)
+        per_call_ns = timing.solo_ns(wb, base_role, policy.call_timeout_s)
+        reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / per_call_ns)))  # as the gate sizes them
+        buffers = timing.buffer_count(policy, reps, sum(x.untyped_storage().nbytes() for x in contents[0][1]
+                                                        if isinstance(x, torch.Tensor)))
         for w, role in ((wb, base_role), (wc, "candidate")):
             f = w.dir / "contents.pt"
             save_sets(f, contents, torch)
             w.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": mode,
-                       "buffers": policy.rotating_sets}, policy.call_timeout_s)
-        per_call_ns = timing.solo_ns(wb, base_role, policy.call_timeout_s)
-        reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / per_call_ns)))  # as the gate sizes them
+                       "buffers": buffers}, policy.call_timeout_s)
         out = TimingCalibration(mode, reps, per_call_ns / 1e6, time.monotonic() - t0)
         start = time.monotonic()
         for i in range(trials):
             if budget_s is not None and i and time.monotonic() - start > budget_s:
                 break
             w0 = time.monotonic()
-            t, reasons, _ = timing.measure(wb, wc, policy, mode, reps, per_call_ns, base_role, len(contents))
+            t, reasons, _ = timing.measure(wb, wc, policy, mode, reps, per_call_ns, base_role, len(contents), buffers)
             if t is None:  # forged samples cannot come from trusted wrappers: report, do not hide
                 raise RuntimeError(f"timing trial {i} failed: {reasons}")
             wc.request({"op": "checks", "out_file": str(wc.dir / "checks.pt")}, policy.call_timeout_s)  # drop them
