@@ -282,7 +282,10 @@ def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, othe
     reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / r["per_call_ns"])))
     ctx["buffers"] = timing.buffer_count(policy, reps, _input_bytes(contents[0][1]))
     with clock(f"{key}.timing_setup"):
+        cpus = timing.shared_cpus()
         for worker, role in ((ref.worker, ref.base_role), (w, "candidate")):
+            if cpus:
+                worker.request({"op": "pin", "cpus": cpus}, policy.call_timeout_s)
             f = worker.dir / f"contents-{p.seed}.pt"
             save_sets(f, contents, torch)
             worker.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": mode,

@@ -74,6 +74,8 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
         cand.write_bytes(Path(candidate_path).read_bytes())
         wc.request({"op": "load", "graph_dir": str(gdir), "candidate": str(cand), "device": device},
                    policy.load_timeout_s)
+        for w in (wb, wc) if timing.shared_cpus() else ():  # as the gate does before timing
+            w.request({"op": "pin", "cpus": timing.shared_cpus()}, policy.call_timeout_s)
         f = wb.dir / "contents.pt"
         save_sets(f, contents, torch)
         wb.request({"op": "time_setup", "sets_file": str(f), "roles": [base_role], "mode": "launch",

@@ -84,12 +84,18 @@ def _sample(worker, msg: dict, timeout_s: float) -> tuple[int | None, Reason | N
     reply = worker.request(msg, timeout_s=timeout_s)
     wall = time.perf_counter_ns() - w0
     ns = reply.get("ns")
+    bad = check_sample(ns, wall)
+    return (None, bad) if bad else (ns, None)
+
+
+def check_sample(ns, wall_ns: int) -> Reason | None:
+    """A worker's raw sample must be a positive int that fits in the wall time the parent itself measured."""
     if not isinstance(ns, int) or isinstance(ns, bool) or ns <= 0:
-        return None, Reason("timing-forged", "the timing worker returned a malformed sample")
-    if ns > wall:
-        return None, Reason("timing-forged", f"a sample of {ns / 1e6:.1f} ms came back in {wall / 1e6:.1f} ms of wall "
-                                             "time: the clock was tampered with")
-    return ns, None
+        return Reason("timing-forged", "the timing worker returned a malformed sample")
+    if ns > wall_ns:
+        return Reason("timing-forged", f"a sample of {ns / 1e6:.1f} ms came back in {wall_ns / 1e6:.1f} ms of wall "
+                                       "time: the clock was tampered with")
+    return None
 
 
 def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_role: str = "baseline",
@@ -172,3 +178,19 @@ def buffer_count(policy, reps: int, input_bytes: int, cap_bytes: int = 1 << 30, 
     addresses or contents can answer), and never fewer than policy.rotating_sets."""
     fit = cap_bytes // max(1, input_bytes)
     return max(1, policy.rotating_sets, min(reps, most, fit))
+
+
+def shared_cpus() -> list[int]:
+    """The CPUs both timed workers are pinned to: as many as one worker's threads use (OMP_NUM_THREADS,
+    else every CPU this process may use), the highest-numbered first (CPU 0 takes most interrupts).
+    Empty where affinity cannot be set."""
+    import os
+
+    if not hasattr(os, "sched_getaffinity"):
+        return []
+    cpus = sorted(os.sched_getaffinity(0))
+    try:
+        n = int(os.environ.get("OMP_NUM_THREADS", "") or len(cpus))
+    except ValueError:
+        n = len(cpus)
+    return cpus[-max(1, min(n, len(cpus))):]

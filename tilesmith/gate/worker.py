@@ -367,13 +367,25 @@ def _state_change(st: State) -> str:
     return "; ".join(diff)
 
 
+def op_pin(st: State, req: dict) -> dict:
+    """Run on exactly these CPUs from now on: the parent gives the baseline's worker and the candidate's
+    the same ones, so their paired samples share a core's load and caches (on a machine shared with
+    other work, two processes left to the scheduler settle on differently loaded cores)."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(int(c) for c in req["cpus"]))
+        if st.state0 is not None:  # the parent's own change of the process's state
+            st.state0["affinity"] = sorted(os.sched_getaffinity(0))
+    return {}
+
+
 def op_ready(st: State, req: dict) -> dict:
     """Answered once the imports (and the CUDA context) are up: the parent waits on it to know the worker is idle."""
     return {"pid": os.getpid(), "startup_s": _STARTUP_S}
 
 
 OPS = {"ready": op_ready, "load": op_load, "outputs": op_outputs, "ref64": op_ref64, "time_setup": op_time_setup, "time": op_time,
-       "checks": op_checks, "original_checks": op_original_checks}
+       "checks": op_checks, "original_checks": op_original_checks,
+       "pin": op_pin}
 
 
 def _die_with_parent() -> None:
