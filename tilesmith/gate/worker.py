@@ -263,8 +263,13 @@ def op_time(st: State, req: dict) -> dict:
         _keep_pending(st)
     st.pending = None
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
-    for b, c in enumerate(req.get("fill") or []):
-        _set_content(st, st.bufs[role][b], st.pool[role][c], req.get("perturb"), b)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a refill is small work: a thread team would cost more than it saves
+    try:
+        for b, c in enumerate(req.get("fill") or []):
+            _set_content(st, st.bufs[role][b], st.pool[role][c], req.get("perturb"), b)
+    finally:
+        torch.set_num_threads(threads)
     thunks = st.timed[role]
     n, graph = len(thunks), bool(st.keep.get(role))
     kept, kept_i, out = None, -1, None
