@@ -283,7 +283,7 @@ def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, othe
     ctx["buffers"] = timing.buffer_count(policy, reps, _input_bytes(contents[0][1]))
     with clock(f"{key}.timing_setup"):
         cpus = timing.shared_cpus()
-        for worker, role in ((ref.worker, ref.base_role), (w, "candidate")):
+        for worker, role in ((ref.timer, ref.base_role), (w, "candidate")):
             if cpus:
                 worker.request({"op": "pin", "cpus": cpus}, policy.call_timeout_s)
             f = worker.dir / f"contents-{p.seed}.pt"
@@ -296,14 +296,14 @@ def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, othe
             other.idle()
         calm_spares()
     with clock(f"{key}.timing"):
-        p.timing, reasons, kept = timing.measure(ref.worker, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
+        p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
                                                  len(contents), ctx["buffers"])
     if p.timing:
         clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)) / 1e9)
     if p.timing is None:
         return reasons
     with clock(f"{key}.timing_checks"):
-        bad = _timing_checks(p, ctx, w, ref, kept, r["base"][p.seed]["sets"])
+        bad = _timing_checks(p, ctx, w, ref, kept, r["base"][p.seed]["sets"], contents)
     return bad or reasons
 
 
@@ -320,7 +320,7 @@ def _random_graph(gdir: Path) -> bool:
     return re.search(r"inductor_seeds|inductor_random|inductor_lookup_seed|philox|\brand(n|int|perm|_like)?\(", text) is not None
 
 
-def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets: list) -> list[Reason]:
+def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets: list, contents: list) -> list[Reason]:
     """The outputs of the timed calls the parent kept, against the original's outputs on exactly the same
     inputs, computed in the reference worker (which never loads the candidate)."""
     import torch
@@ -340,8 +340,11 @@ def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets:
     first_use = any(bool(x.get("mutated")) for x in orig_sets)
     calls = [[c for c in g["calls"] if 0 <= c and (not first_use or c < buffers)] for g in got]
     samples = [{"start": s.start, "fill": s.fill, "perturb": s.perturb, "calls": cs} for s, cs in zip(kept, calls)]
-    o = ref.worker.dir / f"original-checks-{p.seed}.pt"
-    ref.worker.request({"op": "original_checks", "samples": samples, "out_file": str(o), "bufs_role": ref.base_role},
+    f, o = ref.worker.dir / f"contents-{p.seed}.pt", ref.worker.dir / f"original-checks-{p.seed}.pt"
+    save_sets(f, contents, torch)  # the pass's pool and buffers, in the worker that runs the original
+    ref.worker.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch",
+                        "buffers": buffers}, policy.call_timeout_s)
+    ref.worker.request({"op": "original_checks", "samples": samples, "out_file": str(o), "bufs_role": "baseline"},
                        policy.call_timeout_s)
     want = load_raw(o, torch)
     for g, s, cs, ws in zip(got, kept, calls, want):

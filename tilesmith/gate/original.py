@@ -72,6 +72,12 @@ class Reference:
         from tilesmith.gate.proc import start_worker
 
         self.worker = start_worker("reference", ctx["scratch"], device, (gdir,), ctx.get("spares"))
+        # The worker that times the baseline. The original: this one. Another baseline (the best source so
+        # far): a worker of its own that loads nothing else, so that neither worker of a timed pair carries
+        # the history of code the other never ran (an OpenMP pool the original grew, for one).
+        self.timer = self.worker
+        if ctx.get("timing_base"):
+            self.timer = start_worker("timer", ctx["scratch"], device, (gdir,), ctx.get("spares"))
         missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
         args = (gdir, missing, contents[next(iter(contents))], pair, ctx, quiet_first)
         self._thread = threading.Thread(target=self._run, args=args, daemon=True)
@@ -92,6 +98,11 @@ class Reference:
                 _REF_CACHE[self._keys[s]] = r
             if solo:
                 _SOLO_CACHE[self._solo_key] = solo
+            if self.timer is not self.worker:
+                best = self.timer.dir / "timing_baseline.py"
+                best.write_bytes(Path(ctx["timing_base"]).read_bytes())
+                self.timer.request({"op": "load", "graph_dir": str(gdir), "best_file": str(best), "device": ctx["device"]},
+                                   ctx["policy"].load_timeout_s)
         except BaseException as e:  # re-raised by get() in the deciding thread
             self.error = e
         finally:
@@ -124,16 +135,17 @@ class Reference:
         self.quiet.set()
         if self._thread.is_alive():
             self.worker.kill()
+            self.timer.kill()
             self._thread.join()
         self.worker.close()
+        self.timer.close()
 
 
 def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, quiet, quiet_first: list,
                solo_known) -> tuple[dict, float | None]:
     """The original alone, in worker `w`: outputs and the float64 reference on every set of the seeds in
     `missing`; then (once `quiet` is set and the workers in
-    quiet_first are idle) a solo per-call time that sizes timed samples, unless `solo_known`. Loads the
-    timing baseline too when it is not the original."""
+    quiet_first are idle) a solo per-call time that sizes timed samples, unless `solo_known`."""
     import torch
 
     from tilesmith.gate.timing import solo_ns
@@ -142,12 +154,7 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
     out = {}
     text = (Path(gdir) / WRAPPER_FILE).read_text()
     with clock("reference.load"):
-        best = None
-        if ctx.get("timing_base"):
-            best = w.dir / "timing_baseline.py"
-            best.write_bytes(Path(ctx["timing_base"]).read_bytes())
-        w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "best_file": str(best) if best else None,
-                   "device": device}, policy.load_timeout_s)
+        w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": device}, policy.load_timeout_s)
     for seed, named in missing.items():
         f, o = w.dir / f"sets-ref-{seed}.pt", w.dir / f"ref-{seed}.pt"
         save_sets(f, named, torch)
