@@ -115,3 +115,17 @@ def test_sandboxed_candidate_cannot_read_secrets_or_the_workspace_write_outside_
     assert p.stdout.split()[:2] == ["namespaces", "timing"], p.stdout  # it ran (and was timed) in the sandbox
     assert list(leak.iterdir()) == [] and _Hits.hits == []
     assert KEY not in p.stdout + p.stderr
+
+
+def test_sandbox_level_can_be_forced_to_env_only_and_a_bad_setting_is_a_usage_error(monkeypatch, tmp_path):
+    from tilesmith.errors import TilesmithError
+
+    monkeypatch.setenv("TILESMITH_SANDBOX", "off")
+    assert sandbox.level() == "env-only"
+    assert sandbox.wrap(["true"], sandbox.Spec(scratch=str(tmp_path))) == ["true"]  # the command runs as it is
+    monkeypatch.setenv("TILESMITH_SANDBOX", "sometimes")
+    with pytest.raises(TilesmithError, match="TILESMITH_SANDBOX") as e:
+        sandbox.level()
+    assert e.value.code == "usage"
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    assert sandbox.redact(f"key={KEY}.") == "key=[REDACTED]." and sandbox.redact_obj({"a": [KEY]}) == {"a": ["[REDACTED]"]}
