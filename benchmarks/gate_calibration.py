@@ -205,7 +205,7 @@ def gate_trials(graph: Path, candidate: Path, n: int, policy_kw: dict, seed0: in
     from tilesmith.gate.proc import calm_spares, default_spares, keep_spares
 
     rows, start = [], time.monotonic()
-    with keep_spares(default_spares()):  # as in the optimize driver: workers started ahead of decisions
+    with keep_spares(default_spares()) as spares:  # as in the optimize driver: workers started ahead of decisions
         for i in range(n):
             if i and time.monotonic() - start > budget_s:
                 break
@@ -214,7 +214,7 @@ def gate_trials(graph: Path, candidate: Path, n: int, policy_kw: dict, seed0: in
             # so the wait is recorded apart from the decision's own wall time.
             calm_spares()
             spare_wait = time.monotonic() - t0
-            rows.append(_decision(judge(graph, candidate, Policy(seed=seed0 + i, **policy_kw)), i))
+            rows.append(_decision(judge(graph, candidate, Policy(seed=seed0 + i, **policy_kw), spares=spares), i))
             rows[-1]["spare_wait_s"] = spare_wait
     return rows
 
@@ -226,7 +226,8 @@ def _decision(v, i: int) -> dict:
          "speedup": t.speedup if t else None, "low": t.speedup_low if t else None,
          "samples": t.samples if t else None,
          "timing_s": _stage_sum(st, ("timing_setup", "quiesce", "timing")),
-         "timed_s": _stage_sum(st, ("timed",)), "stage_seconds": st}
+         "timed_s": _stage_sum(st, ("timed",)), "checks_s": _stage_sum(st, ("timing_checks",)),
+         "checked_calls": t.checked_calls if t else 0, "sandbox": v.sandbox, "stage_seconds": st}
     print(f"  decision {i + 1}: {'ACCEPT' if v.accepted else 'reject'} at {v.stage} "
           f"speedup {r['speedup'] or float('nan'):.3f} low {r['low'] or float('nan'):.3f} "
           f"samples {r['samples']} wall {v.wall_s:.1f} s (timing {r['timing_s']:.2f} s)", file=sys.stderr)

@@ -15,36 +15,41 @@ def _wait_ready(spares: proc.Spares) -> list:
 
 @pytest.mark.slow
 def test_a_started_spare_is_handed_out_once_and_the_pool_refills(tmp_path):
-    with proc.keep_spares(1):
-        first = proc.start_worker("reference", tmp_path, "cpu")  # none started yet: a new worker
-        assert _wait_ready(proc._SPARES) == []
-        proc.refill_spares("cpu")  # a decision is over: the next one's worker starts
-        (spare,) = _wait_ready(proc._SPARES)
+    with proc.keep_spares(1) as pool:
+        first = proc.start_worker("reference", tmp_path, "cpu", spares=pool)  # none started yet: a new worker
+        assert _wait_ready(pool) == []
+        pool.refill("cpu")  # a decision is over: the next one's worker starts
+        (spare,) = _wait_ready(pool)
         assert spare.error is None and spare.worker is not first
-        second = proc.start_worker("candidate", tmp_path, "cpu")
+        second = proc.start_worker("candidate", tmp_path, "cpu", spares=pool)
         assert second is spare.worker and second.name == "candidate"
         assert second.request({"op": "ready"}, 60)["ok"]  # started, nothing loaded: it answers at once
-        assert _wait_ready(proc._SPARES) == []  # taken, not yet replaced
-        proc.refill_spares("cpu")
-        (refill,) = _wait_ready(proc._SPARES)
+        assert _wait_ready(pool) == []  # taken, not yet replaced
+        assert proc.start_worker("other", tmp_path, "cpu") is not second  # no pool passed: a new worker
+        pool.refill("cpu")
+        (refill,) = _wait_ready(pool)
         assert refill is not spare
         workers = [first, second, refill.worker]
     for w in (first, second):
         w.close()
-    assert proc._SPARES is None
     assert all(w.proc.poll() is not None for w in workers)  # the unused spare was killed with the block
 
 
 @pytest.mark.slow
-def test_a_spare_started_in_another_environment_is_never_handed_out(tmp_path, monkeypatch):
-    with proc.keep_spares(1):
-        proc.refill_spares("cpu")
-        (spare,) = _wait_ready(proc._SPARES)
+def test_a_spare_started_in_another_environment_or_for_another_graph_is_never_handed_out(tmp_path, monkeypatch):
+    graph = tmp_path / "graph"
+    graph.mkdir()
+    with proc.keep_spares(1) as pool:
+        pool.refill("cpu", (graph,))
+        (spare,) = _wait_ready(pool)
+        w = proc.start_worker("candidate", tmp_path, "cpu", (), spares=pool)  # its sandbox reads another folder
+        assert w is not spare.worker
+        w.close()
         monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what the worker would be started with changed
-        w = proc.start_worker("candidate", tmp_path, "cpu")
+        w = proc.start_worker("candidate", tmp_path, "cpu", (graph,), spares=pool)
         try:
             assert w is not spare.worker
-            proc.refill_spares("cpu")  # the stale spare is closed, never handed out
+            pool.refill("cpu", (graph,))  # the stale spare is closed, never handed out
             assert spare.worker.proc.poll() is not None
             assert w.request({"op": "ready"}, 120)["ok"]
         finally:
@@ -56,8 +61,8 @@ def test_spares_are_off_when_set_to_zero_and_a_bad_setting_is_a_clear_error(tmp_
 
     monkeypatch.setenv("TILESMITH_GATE_SPARES", "0")
     assert proc.default_spares() == 0
-    with proc.keep_spares(proc.default_spares()):
-        assert proc._SPARES is None
+    with proc.keep_spares(proc.default_spares()) as pool:
+        assert pool is None
     monkeypatch.setenv("TILESMITH_GATE_SPARES", "many")
     with pytest.raises(TilesmithError, match="TILESMITH_GATE_SPARES"):
         proc.default_spares()

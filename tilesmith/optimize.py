@@ -118,6 +118,7 @@ class _Run:
     save: Callable  # save(t: TrackResult | None): run.json with t's row updated
     note: Callable  # the caller's on_event(kind, **fields)
     timing_lock: threading.Lock = field(default_factory=threading.Lock)  # measurements never overlap
+    spares: object = None  # the pool of started gate workers (gate.proc.keep_spares), passed to every decision
 
     def expired(self) -> bool:
         return self.stop.is_set() or (self.deadline is not None and time.monotonic() > self.deadline)
@@ -154,7 +155,7 @@ def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSe
              time.monotonic() + settings.max_minutes * 60 if settings.max_minutes else None, threading.Event(), save, note)
     interrupted = False
     try:
-        with keep_spares(default_spares()):  # decisions run back to back: workers start ahead of them
+        with keep_spares(default_spares()) as r.spares:  # decisions run back to back: workers start ahead
             _work_all(r, graphs, tracks)
     except KeyboardInterrupt:
         interrupted = True
@@ -309,7 +310,8 @@ def _submit(r: _Run, g, t: TrackResult, track: Track, cand: Candidate) -> dict:
     t.candidates += 1
     r.note("candidate", key=g.key, label=cand.label, track=t)
     with r.timing_lock:
-        v = judge(track.graph_dir, path, _policy(r.settings, 1000 + n_verdicts, best_file if best_file.exists() else None))
+        v = judge(track.graph_dir, path, _policy(r.settings, 1000 + n_verdicts, best_file if best_file.exists() else None),
+                  spares=r.spares)
     vd = v.to_dict()
     vd["label"], vd["written"] = cand.label, runs.now_iso()
     write_json(track.profiles / f"verdict_{n_verdicts:03d}.json", vd)

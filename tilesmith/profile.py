@@ -5,16 +5,13 @@ TFLOP/s against the device's ceilings and a roofline class per kernel and per gr
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tilesmith import paths
+from tilesmith import paths, sandbox
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.proc import calm_spares
 
@@ -72,18 +69,14 @@ def profile_graph(graph_dir: str | Path, source_text: str | None = None, *, time
         src_file = Path(tmp) / "source.py"
         src_file.write_text(source_text if source_text is not None else (gdir / "wrapper.py").read_text())
         cmd = [sys.executable, "-m", "tilesmith.profile_worker", str(gdir), str(src_file), str(calls)]
-        try:
-            calm_spares()  # no gate worker may still be starting while this one measures
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                               env={**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"})
-        except subprocess.TimeoutExpired:
-            raise TilesmithError(f"profiling {gdir.name[:12]} took over {timeout_s:.0f} s", code="profile-timeout") from None
-    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
-    if p.returncode != 0 or not lines:
-        tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:])
-        raise TilesmithError(f"profiling {gdir.name[:12]} failed: {tail}", code="profile-failed",
+        calm_spares()  # no gate worker may still be starting while this one measures
+        res = sandbox.run_json(cmd, sandbox.Spec(scratch=tmp, readable=[str(gdir)]), timeout_s)
+    if res.returncode is None:
+        raise TilesmithError(f"profiling {gdir.name[:12]} took over {timeout_s:.0f} s", code="profile-timeout")
+    if res.returncode != 0 or res.reply is None:
+        raise TilesmithError(f"profiling {gdir.name[:12]} failed: {res.tail}", code="profile-failed",
                              hint="run `tilesmith replay` on the graph to check the workspace")
-    return summarize(json.loads(lines[-1]))
+    return summarize(sandbox.redact_obj(res.reply))
 
 
 def summarize(raw: dict) -> Profile:

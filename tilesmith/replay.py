@@ -4,12 +4,12 @@ the captured outputs. Proves a workspace is complete enough for the gate to use.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tilesmith import paths
+from tilesmith import paths, sandbox
 from tilesmith.errors import TilesmithError
 from tilesmith.workspace import load_graph_json
 
@@ -32,16 +32,14 @@ def replay(graph_dir: str | Path, *, timeout_s: float = 600.0, atol: float = 1e-
     gdir = paths.absolute(graph_dir)
     meta = load_graph_json(gdir)
     cmd = [sys.executable, "-m", "tilesmith.replay", str(gdir), str(atol)]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    with tempfile.TemporaryDirectory(prefix="tilesmith-replay-") as tmp:
+        res = sandbox.run_json(cmd, sandbox.Spec(scratch=tmp, readable=[str(gdir)]), timeout_s)
+    if res.returncode is None:
         return ReplayResult(meta["key"], False, problems=[f"replay did not finish in {timeout_s:.0f} s"])
-    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
-    if p.returncode != 0 or not lines:
-        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
-        raise TilesmithError(f"replay of {meta['key'][:12]} failed (exit {p.returncode}): " + " | ".join(tail),
+    if res.returncode != 0 or res.reply is None:
+        raise TilesmithError(f"replay of {meta['key'][:12]} failed (exit {res.returncode}): {res.tail}",
                              code="replay-failed", hint="run `python -m tilesmith.replay GRAPH_DIR` to see the whole error")
-    return ReplayResult(**json.loads(lines[-1]))
+    return ReplayResult(**res.reply)
 
 
 def _main(gdir: str, atol: float) -> dict:

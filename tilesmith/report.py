@@ -58,6 +58,7 @@ class CandidateRow:
     # the gate's first reason as a sentence (which input set, which output, error against the allowed
     # error), so a rejection reads without opening the verdict file
     why: str = ""
+    sandbox: str = ""  # the isolation the candidate ran under: namespaces | env-only ("" in older verdicts)
 
 
 @dataclass
@@ -252,7 +253,7 @@ def _candidate(key: str, index: int, v: dict, f: Path, started) -> CandidateRow:
                         t_s, float(v["wall_s"]) if _num(v.get("wall_s")) else None, bool(v.get("accepted")),
                         str(v.get("stage") or "?"), [str(r.get("code")) for r in v.get("reasons") or [] if isinstance(r, dict)],
                         _f(tm.get("speedup")), min(lows) if lows else None, max(highs) if highs else None,
-                        _why(v))
+                        _why(v), str(v.get("sandbox") or ""))
 
 
 def _why(v: dict) -> str:

@@ -129,4 +129,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """Atomically, with known secret values redacted (traces, verdicts and logs never hold a key)."""
+    from tilesmith.sandbox import redact
+
+    atomic_write_text(path, redact(json.dumps(obj, indent=2, sort_keys=True, default=str)) + "\n")

@@ -17,19 +17,22 @@ from pathlib import Path
 
 from tilesmith import paths
 from tilesmith.errors import TilesmithError
-from tilesmith.gate.original import Reference, load_raw, rotating, save_sets
-from tilesmith.gate.proc import calm_spares, refill_spares, usable_cores
+from tilesmith.gate.original import Reference, load_raw, save_sets
+from tilesmith.gate.proc import calm_spares, usable_cores
 from tilesmith.gate.verdict import MODES, STAGES, Pass, Policy, Reason, SetCorrectness, Timing, Verdict
 from tilesmith.workspace import load_graph_json
 
 __all__ = ["judge", "Policy", "Verdict", "Reason", "Pass", "SetCorrectness", "Timing", "STAGES", "MODES"]
 
 
-def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=None) -> Verdict:
+def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=None, spares=None) -> Verdict:
     """Judge one candidate wrapper for a captured graph; never raises for a bad candidate, only for bad usage.
 
-    on_progress(stage, message) is called as stages start.
+    on_progress(stage, message) is called as stages start. spares: a pool from gate.proc.keep_spares whose
+    started workers this decision may take (None: every worker starts fresh).
     """
+    from tilesmith import sandbox
+
     policy = policy or Policy()
     t0 = time.monotonic()
     gdir = paths.absolute(graph_dir)  # workers run in folders of their own: no relative path reaches them
@@ -41,7 +44,8 @@ def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=N
                              hint="pass the path of a Python file defining call(args)") from None
     mode = resolve_mode(policy.mode, meta)
     v = Verdict(False, "static", meta.get("key", gdir.name), hashlib.sha256(raw).hexdigest(),
-                min_improvement=policy.min_improvement, checked_only=policy.correctness_only)
+                min_improvement=policy.min_improvement, checked_only=policy.correctness_only,
+                sandbox=sandbox.level())
     note = on_progress or (lambda stage, message: None)
     note("static", "screening the source")
     from tilesmith.gate.static import screen
@@ -54,7 +58,7 @@ def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=N
     v.reasons += [Reason(f.code, f"line {f.line}: {f.message}") for f in findings]
     if not v.reasons:
         with tempfile.TemporaryDirectory(prefix="tilesmith-gate-") as scratch:
-            _run(v, gdir, meta, raw, Path(scratch), policy, mode, note)
+            _run(v, gdir, meta, raw, Path(scratch), policy, mode, note, spares)
     v.wall_s = time.monotonic() - t0
     return v
 
@@ -77,6 +81,20 @@ def own_replay(text: str) -> bool:
     return "from tilesmith.cudagraph import graphed" in text and "graphed(call)" in text
 
 
+def _modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None) -> dict:
+    """Roles timed in another mode than the graph's. Inductor replays the original of a graph compiled
+    with CUDA graphs; a candidate that replays itself (the runtime turns Inductor's CUDA graphs off for a
+    graph whose artifact does) is timed as plain calls of its own replay: each the way it would run."""
+    if mode != "graph" or not own_replay(raw.decode(errors="replace")):
+        return {}
+    modes = {"candidate": "launch"}
+    if timing_base is not None and own_replay(timing_base.read_text()):
+        modes["baseline"] = "launch"  # the best so far replays itself too: like with like
+    v.warnings.append(Reason("own-replay", "the candidate replays its own CUDA graph: timed as plain calls "
+                                           "against the original's whole-graph replay (graph mode)"))
+    return modes
+
+
 def graph_device(meta: dict) -> str:
     """The device a captured graph runs on: its first CUDA tensor input's, else cpu."""
     for i in meta.get("inputs", []):
@@ -85,12 +103,9 @@ def graph_device(meta: dict) -> str:
     return "cpu"
 
 
-def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: Policy, mode: str, note) -> None:
-    import torch
-
-    from tilesmith import loading
-    from tilesmith.gate.inputs import derive_seed, make_sets
-    from tilesmith.gate.proc import WorkerFailure, start_worker
+def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: Policy, mode: str, note,
+         spares) -> None:
+    from tilesmith.gate.proc import WorkerFailure
 
     clock = _Clock(v.stage_seconds)
     cand = scratch / "candidate.py"
@@ -101,57 +116,59 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
         timing_base = scratch / "timing_baseline.py"
         timing_base.write_bytes(base_raw)
         v.timing_baseline_sha256 = hashlib.sha256(base_raw).hexdigest()
-    with clock("inputs"):
-        data = loading.load_graph_data(gdir, device_map="cpu")
-        seeds = [policy.seed, derive_seed(policy.seed, "confirmation") % (1 << 31)]
-        sets = {s: make_sets(meta, data.inputs, s, policy.random_sets) for s in seeds}
     device = graph_device(meta)
-    pair = (1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1)
-    modes = {}
-    if mode == "graph" and own_replay(raw.decode()):
-        # Inductor replays the original from a CUDA graph; the candidate replays itself (the runtime turns
-        # Inductor's CUDA graphs off for a graph whose artifact does): each timed the way it would run.
-        modes = {"candidate": "launch"}
-        if timing_base is not None and own_replay(timing_base.read_text()):
-            modes["baseline"] = "launch"  # the best so far replays itself too: like with like
-        v.warnings.append(Reason("own-replay", "the candidate replays its own CUDA graph: timed as plain calls "
-                                               "against the original's whole-graph replay (graph mode)"))
     ctx = dict(gdir=gdir, cand=cand, timing_base=timing_base, scratch=scratch, device=device, policy=policy, mode=mode,
-               modes=modes, pair=pair, note=note, torch=torch, WorkerFailure=WorkerFailure, clock=clock)
+               note=note, clock=clock, WorkerFailure=WorkerFailure, spares=spares,
+               modes=_modes(v, mode, raw, timing_base))
+    seeds, sets, contents = _input_sets(gdir, meta, policy, clock)
+    ctx["pair"] = (1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1)
     note("load", "starting workers; the original runs in its own reference worker")
-    # Every worker starts now, before candidate code runs anywhere, so their interpreters, imports, CUDA
-    # contexts and baseline loads overlap one another and the reference run; each is still fresh (no
-    # candidate code in it) when its candidate arrives, and the confirmation's is a different process
-    # with new seeds. A live sibling worker gives a candidate nothing to attack that the deciding
-    # process (same user, alive throughout) does not already offer.
+    # Every worker starts now, before candidate code runs anywhere, so their interpreters, imports and
+    # CUDA contexts overlap one another and the reference run; each is still fresh (no candidate code
+    # in it) when its candidate arrives, and the confirmation's is a different process with new seeds.
     # On a machine with few cores a third interpreter starting alongside would slow the other two
     # down and is wasted when the first pass rejects: there the confirmation's worker starts after it.
     early = policy.confirm and usable_cores() >= policy.prestart_min_cores
-    preps = [_Prepared(start_worker("candidate", scratch, device), ctx)]
-    if early:
-        preps.append(_Prepared(start_worker("candidate", scratch, device), ctx))
-    ref = Reference(gdir, sets, pair, scratch, device, policy, clock, quiet_first=preps[1:])
+    preps = [_Prepared(ctx) for _ in range(2 if early else 1)]
+    ref = Reference(gdir, sets, contents, ctx["pair"], ctx, quiet_first=preps[1:])
     try:
         v.first = Pass(seed=seeds[0])
-        ok = _pass(v, v.first, sets[seeds[0]], ctx, preps[0], ref, others=preps[1:], confirmation=False)
+        ok = _pass(v, v.first, sets[seeds[0]], contents[seeds[0]], ctx, preps[0], ref, preps[1:], False)
         preps[0].close()  # the first candidate's process is gone before the confirmation runs
         v.reference64 = ref.done and ref.get()["ref64"][seeds[0]] is not None
-        if not ok:
-            return
-        if not policy.confirm:
+        if ok and not policy.confirm:
             v.accepted = True
-            return
-        if not early:
-            preps.append(_Prepared(start_worker("candidate", scratch, device), ctx))
-        v.confirmation = Pass(seed=seeds[1])
-        v.accepted = _pass(v, v.confirmation, sets[seeds[1]], ctx, preps[1], ref, others=[], confirmation=True)
+        elif ok:
+            if not early:
+                preps.append(_Prepared(ctx))
+            v.confirmation = Pass(seed=seeds[1])
+            v.accepted = _pass(v, v.confirmation, sets[seeds[1]], contents[seeds[1]], ctx, preps[1], ref, [], True)
     finally:
         ref.close()
         for w in preps:
             w.close()
-        refill_spares(device)
-    t1, t2 = v.first.timing, v.confirmation.timing
-    if v.accepted and max(t1.speedup, t2.speedup) > policy.suspicious_speedup \
+        if spares is not None:
+            spares.refill(device, (gdir,))
+    _check_reproduced(v, policy)
+
+
+def _input_sets(gdir: Path, meta: dict, policy: Policy, clock) -> tuple[list, dict, dict]:
+    """Seeds of the two passes, each one's correctness sets and the contents its timed calls rotate through."""
+    from tilesmith import loading
+    from tilesmith.gate.inputs import derive_seed, make_sets
+    from tilesmith.gate.original import timing_contents
+
+    with clock("inputs"):
+        data = loading.load_graph_data(gdir, device_map="cpu")
+        seeds = [policy.seed, derive_seed(policy.seed, "confirmation") % (1 << 31)]
+        sets = {s: make_sets(meta, data.inputs, s, policy.random_sets) for s in seeds}
+        contents = {s: timing_contents(meta, data.inputs, s, policy) for s in seeds}
+    return seeds, sets, contents
+
+
+def _check_reproduced(v: Verdict, policy: Policy) -> None:
+    t1, t2 = v.first.timing if v.first else None, v.confirmation.timing if v.confirmation else None
+    if v.accepted and t1 and t2 and max(t1.speedup, t2.speedup) > policy.suspicious_speedup \
             and not 0.5 <= t2.speedup / t1.speedup <= 2.0:
         v.accepted = False
         v.reasons.append(Reason("suspicious-speedup", f"a {t1.speedup:.1f}x speedup did not reproduce in the "
@@ -177,23 +194,22 @@ class _Clock:
 
 
 class _Prepared:
-    """A candidate worker started early: in a background thread it finishes its imports and loads the
-    baseline (trusted code only) while the deciding thread does other work."""
+    """A candidate worker started early: in a background thread it finishes its imports (and CUDA context)
+    while the deciding thread does other work. It loads nothing before its candidate: the baseline is
+    timed in the reference worker, where candidate code never runs."""
 
-    def __init__(self, worker, ctx: dict):
-        self.worker = worker
+    def __init__(self, ctx: dict):
+        from tilesmith.gate.proc import start_worker
+
+        self.worker = start_worker("candidate", ctx["scratch"], ctx["device"], (ctx["gdir"],), ctx.get("spares"))
         self.error = None
         self.startup_s = None
         self._thread = threading.Thread(target=self._prepare, args=(ctx,), daemon=True)
         self._thread.start()
 
     def _prepare(self, ctx: dict) -> None:
-        policy = ctx["policy"]
         try:
-            self.startup_s = self.worker.request({"op": "ready"}, policy.load_timeout_s).get("startup_s")
-            self.worker.request({"op": "load", "graph_dir": str(ctx["gdir"]), "baseline": True,
-                                 "baseline_file": str(ctx["timing_base"]) if ctx["timing_base"] else None,
-                                 "device": ctx["device"]}, policy.load_timeout_s)
+            self.startup_s = self.worker.request({"op": "ready"}, ctx["policy"].load_timeout_s).get("startup_s")
         except BaseException as e:  # re-raised by wait() in the deciding thread
             self.error = e
 
@@ -215,82 +231,168 @@ class _Prepared:
         self.worker.close()
 
 
-def _pass(v: Verdict, p: Pass, named_sets: list, ctx: dict, prep: _Prepared, ref: Reference, others: list,
-          confirmation: bool) -> bool:
+def _pass(v: Verdict, p: Pass, named_sets: list, contents: list, ctx: dict, prep: _Prepared, ref: Reference,
+          others: list, confirmation: bool) -> bool:
     """Load, correctness and timing in one fresh candidate worker; False (with reasons) at the first failure."""
-    from tilesmith.gate import timing
-
-    torch, policy, scratch, note, clock = ctx["torch"], ctx["policy"], ctx["scratch"], ctx["note"], ctx["clock"]
-    stage = (lambda s: "confirmation") if confirmation else (lambda s: s)
     key = "confirmation" if confirmation else "first"
-    reasons = []
+    stage = (lambda s: "confirmation") if confirmation else (lambda s: s)
     try:
         v.stage = stage("load")
-        note(v.stage, "loading the candidate in a fresh worker")
-        with clock(f"{key}.start"):  # interpreter, imports, CUDA context and baseline load, if not over yet
-            w = prep.wait()
-        clock.add(f"{key}.worker_imports", prep.startup_s or 0.0)  # inside the worker, overlapped with other work
-        with clock(f"{key}.load"):
-            w.request({"op": "load", "graph_dir": str(ctx["gdir"]), "candidate": str(ctx["cand"]),
-                       "device": ctx["device"]}, policy.load_timeout_s)
+        w = _load(ctx, prep, key)
         v.stage = stage("correctness")
-        note(v.stage, f"comparing outputs on {len(named_sets)} input sets")
-        f, o = scratch / f"sets-{p.seed}.pt", scratch / f"cand-{p.seed}.pt"
-        with clock(f"{key}.outputs"):
-            save_sets(f, named_sets, torch)
-            w.request({"op": "outputs", "role": "candidate", "sets_file": str(f), "out_file": str(o),
-                       "pair": list(ctx["pair"])}, policy.call_timeout_s)
-            f.unlink()
-        try:
-            got = load_raw(o, torch)
-        except Exception as e:
-            v.reasons.append(Reason("protocol", f"the candidate worker's outputs are unreadable: {e}"[:300]))
+        reasons, r = _correctness(p, named_sets, ctx, w, ref, key)
+        if not reasons and ctx["policy"].correctness_only:  # a check, not a decision: never accepted
             return False
-        ref.calm()  # this worker is idle until the reference is in: the original may be timed alone
-        with clock("reference_wait"):
-            r = ref.get()
-        base, ref64 = r["base"][p.seed], r["ref64"][p.seed]
-        with clock(f"{key}.compare"):
-            try:
-                reasons = _compare(p, named_sets, got, base, ref64, ctx["pair"])
-            except (KeyError, IndexError, TypeError, AttributeError, ValueError, RuntimeError) as e:
-                reasons = [Reason("protocol", f"the candidate worker's outputs are malformed: {e!r}"[:300])]
-        if reasons:
-            v.reasons += reasons
-            return False
-        if policy.correctness_only:  # a check, not a decision: correct so far, never accepted
-            return False
-        v.stage = stage("timing")
-        note(v.stage, f"timing ({ctx['mode']}), paired and interleaved")
-        f = scratch / f"rotating-{p.seed}.pt"
-        with clock(f"{key}.timing_setup"):
-            save_sets(f, rotating(named_sets, policy), torch)
-            w.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline", "candidate"],
-                       "mode": ctx["mode"], "modes": ctx["modes"]}, policy.call_timeout_s)
-            f.unlink()
-        with clock(f"{key}.quiesce"):  # no other worker may be busy while samples are taken
-            for other in others:
-                other.idle()
-            calm_spares()
-        reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / r["per_call_ns"])))
-        with clock(f"{key}.timing"):
-            p.timing, reasons = timing.measure(w, policy, ctx["mode"], reps, r["per_call_ns"])
-        if p.timing:
-            clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)) / 1e9)
+        if not reasons:
+            v.stage = stage("timing")
+            reasons = _timing(p, contents, ctx, w, ref, r, others, key)
     except ctx["WorkerFailure"] as e:
         v.reasons.append(Reason(e.code, f"{v.stage}: {e.message}"))
         return False
-    if p.timing and p.timing.speedup > policy.suspicious_speedup:
+    if p.timing:
+        _timing_warnings(v, p, ctx["policy"], r["per_call_ns"])
+    v.reasons += reasons
+    return not reasons
+
+
+def _load(ctx: dict, prep: _Prepared, key: str):
+    ctx["note"]("load", "loading the candidate in a fresh worker")
+    clock = ctx["clock"]
+    with clock(f"{key}.start"):  # interpreter, imports and CUDA context, if not over yet
+        w = prep.wait()
+    clock.add(f"{key}.worker_imports", prep.startup_s or 0.0)  # inside the worker, overlapped with other work
+    cand = w.dir / "candidate.py"  # in the worker's own folder: the only one its sandbox lets it see
+    cand.write_bytes(ctx["cand"].read_bytes())
+    with clock(f"{key}.load"):
+        w.request({"op": "load", "graph_dir": str(ctx["gdir"]), "candidate": str(cand), "device": ctx["device"]},
+                  ctx["policy"].load_timeout_s)
+    return w
+
+
+def _correctness(p: Pass, named_sets: list, ctx: dict, w, ref: Reference, key: str) -> tuple[list, dict | None]:
+    """The candidate's outputs on every set and the same-buffer pair, against the original's."""
+    import torch
+
+    ctx["note"]("correctness", f"comparing outputs on {len(named_sets)} input sets")
+    clock, policy = ctx["clock"], ctx["policy"]
+    f, o = w.dir / f"sets-{p.seed}.pt", w.dir / f"cand-{p.seed}.pt"
+    with clock(f"{key}.outputs"):
+        save_sets(f, named_sets, torch)
+        w.request({"op": "outputs", "role": "candidate", "sets_file": str(f), "out_file": str(o),
+                   "pair": list(ctx["pair"])}, policy.call_timeout_s)
+        f.unlink(missing_ok=True)
+    try:
+        got = load_raw(o, torch)
+    except Exception as e:
+        return [Reason("protocol", f"the candidate worker's outputs are unreadable: {e}"[:300])], None
+    ref.calm()  # this worker is idle until the reference is in: the original may be timed alone
+    with clock("reference_wait"):
+        r = ref.get()
+    with clock(f"{key}.compare"):
+        try:
+            return _compare(p, named_sets, got, r["base"][p.seed], r["ref64"][p.seed], ctx["pair"]), r
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError, RuntimeError) as e:
+            return [Reason("protocol", f"the candidate worker's outputs are malformed: {e!r}"[:300])], r
+
+
+def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: list, key: str) -> list[Reason]:
+    """Paired samples, the baseline in the reference worker and the candidate in its own, then the
+    outputs of the timed calls the parent chose, against the original's on the same inputs."""
+    import torch
+
+    from tilesmith.gate import timing
+
+    policy, clock, mode = ctx["policy"], ctx["clock"], ctx["mode"]
+    ctx["note"]("timing", f"timing ({mode}), paired and interleaved, the original in its own worker")
+    reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / r["per_call_ns"])))
+    ctx["buffers"] = timing.buffer_count(policy, reps, _input_bytes(contents[0][1]))
+    with clock(f"{key}.timing_setup"):
+        cpus = timing.shared_cpus()
+        for worker, role in ((ref.timer, ref.base_role), (w, "candidate")):
+            if cpus:
+                worker.request({"op": "pin", "cpus": cpus}, policy.call_timeout_s)
+            f = worker.dir / f"contents-{p.seed}.pt"
+            save_sets(f, contents, torch)
+            role_mode = ctx["modes"].get("candidate" if role == "candidate" else "baseline", mode)
+            worker.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": role_mode,
+                            "buffers": ctx["buffers"]}, policy.call_timeout_s)
+            f.unlink(missing_ok=True)
+    with clock(f"{key}.quiesce"):  # no other worker may be busy while samples are taken
+        for other in others:
+            other.idle()
+        calm_spares()
+    with clock(f"{key}.timing"):
+        p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
+                                                 len(contents), ctx["buffers"])
+    if p.timing:
+        clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)) / 1e9)
+    if p.timing is None:
+        return reasons
+    with clock(f"{key}.timing_checks"):
+        bad = _timing_checks(p, ctx, w, ref, kept, r["base"][p.seed]["sets"], contents)
+    return bad or reasons
+
+
+def _input_bytes(inputs: list) -> int:
+    import torch
+
+    return sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
+
+
+def _random_graph(gdir: Path) -> bool:
+    import re
+
+    text = (gdir / "wrapper.py").read_text(errors="replace")
+    return re.search(r"inductor_seeds|inductor_random|inductor_lookup_seed|philox|\brand(n|int|perm|_like)?\(", text) is not None
+
+
+def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets: list, contents: list) -> list[Reason]:
+    """The outputs of the timed calls the parent kept, against the original's outputs on exactly the same
+    inputs, computed in the reference worker (which never loads the candidate)."""
+    import torch
+
+    from tilesmith.gate.correctness import compare_values
+
+    policy, buffers = ctx["policy"], ctx["buffers"]
+    o = w.dir / f"checks-{p.seed}.pt"
+    w.request({"op": "checks", "out_file": str(o), "keep": True}, policy.call_timeout_s)
+    got = load_raw(o, torch)
+    if _random_graph(ctx["gdir"]):  # outputs depend on the RNG state, which timed calls advance
+        return []
+    if not isinstance(got, list) or len(got) != len(kept) or any(g.get("start") != s.start for g, s in zip(got, kept)):
+        return [Reason("protocol", "the candidate worker's kept timed samples do not match the ones chosen")]
+    # A graph that updates its inputs in place (running statistics) changes its buffers call by call:
+    # only each buffer's first call after a refill read the inputs the original is run on here.
+    first_use = any(bool(x.get("mutated")) for x in orig_sets)
+    calls = [[c for c in g["calls"] if 0 <= c and (not first_use or c < buffers)] for g in got]
+    samples = [{"start": s.start, "fill": s.fill, "perturb": s.perturb, "calls": cs} for s, cs in zip(kept, calls)]
+    f, o = ref.worker.dir / f"contents-{p.seed}.pt", ref.worker.dir / f"original-checks-{p.seed}.pt"
+    save_sets(f, contents, torch)  # the pass's pool and buffers, in the worker that runs the original
+    ref.worker.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch",
+                        "buffers": buffers}, policy.call_timeout_s)
+    ref.worker.request({"op": "original_checks", "samples": samples, "out_file": str(o), "bufs_role": "baseline"},
+                       policy.call_timeout_s)
+    want = load_raw(o, torch)
+    for g, s, cs, ws in zip(got, kept, calls, want):
+        for c, orig in zip(cs, ws):
+            outs = g["outputs"][g["calls"].index(c)]
+            if len(outs) != len(orig) or any(not compare_values(a, b).ok for a, b in zip(outs, orig)):
+                return [Reason("wrong-values-in-timing", f"call {s.start + c} of the timed stream returned outputs "
+                                                         "that differ from the original's on the same inputs")]
+    p.timing.checked_calls = sum(len(cs) for cs in calls)
+    return []
+
+
+def _timing_warnings(v: Verdict, p: Pass, policy: Policy, per_call_ns: float) -> None:
+    if p.timing.speedup > policy.suspicious_speedup:
         v.warnings.append(Reason("suspicious-speedup", f"{p.timing.speedup:.1f}x is above "
                                  f"{policy.suspicious_speedup:g}x: confirmed in a fresh worker before acceptance"))
-    solo_ms = r["per_call_ns"] / 1e6
-    if p.timing and p.timing.baseline_ms > 5 * solo_ms and p.timing.baseline_ms > solo_ms + 1.0:
+    solo_ms = per_call_ns / 1e6
+    if p.timing.baseline_ms > 5 * solo_ms and p.timing.baseline_ms > solo_ms + 1.0:
         # A warning, not a verdict: on a shared machine the solo time can be unlucky; the paired
         # design still compares like with like, and the warning shows up in reports.
         v.warnings.append(Reason("baseline-slowed", f"the original took {p.timing.baseline_ms:.3f} ms per call next to "
                               f"the candidate but {solo_ms:.3f} ms alone: the candidate may slow it down"))
-    v.reasons += reasons
-    return not reasons
 
 
 def _compare(p: Pass, named_sets: list, got: dict, base: dict, ref64, pair) -> list[Reason]:

@@ -8,7 +8,6 @@ trials, so benchmarks/gate_calibration.py measures the rule here and a few full 
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -52,8 +51,7 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
 
     from tilesmith import loading
     from tilesmith.gate import graph_device, resolve_mode, timing
-    from tilesmith.gate.original import rotating, save_sets
-    from tilesmith.gate.inputs import make_sets
+    from tilesmith.gate.original import save_sets, timing_contents
     from tilesmith.gate.proc import Worker
 
     t0 = time.monotonic()
@@ -61,28 +59,47 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
     data = loading.load_graph_data(gdir, device_map="cpu")
     mode = resolve_mode(policy.mode, data.meta)
     device = graph_device(data.meta)
-    sets = make_sets(data.meta, data.inputs, policy.seed, policy.random_sets)
+    contents = timing_contents(data.meta, data.inputs, policy.seed, policy)
+    base_role = "best" if baseline_path else "baseline"
+    # As in the gate: the baseline in its own worker, the candidate in another, one busy at a time.
     with tempfile.TemporaryDirectory(prefix="tilesmith-calibrate-") as scratch, \
-            Worker("calibration", Path(scratch), device) as w:
-        w.request({"op": "load", "graph_dir": str(gdir), "baseline": True,
-                   "baseline_file": str(baseline_path) if baseline_path else None,
-                   "candidate": str(candidate_path), "device": device}, policy.load_timeout_s)
-        f = Path(scratch) / "rotating.pt"
-        save_sets(f, rotating(sets, policy), torch)
-        w.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline", "candidate"], "mode": mode},
-                  policy.call_timeout_s)
-        solo = w.request({"op": "time", "rounds": 7, "reps": 1, "roles": ["baseline"]}, policy.call_timeout_s)
-        per_call_ns = max(1000.0, float(statistics.median(solo["ns"]["baseline"])))
+            Worker("baseline", Path(scratch), device, (gdir,)) as wb, \
+            Worker("calibration", Path(scratch), device, (gdir,)) as wc:
+        best = None
+        if baseline_path:
+            best = wb.dir / "baseline.py"
+            best.write_bytes(Path(baseline_path).read_bytes())
+        wb.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "best_file": str(best) if best else None,
+                    "device": device}, policy.load_timeout_s)
+        cand = wc.dir / "candidate.py"
+        cand.write_bytes(Path(candidate_path).read_bytes())
+        wc.request({"op": "load", "graph_dir": str(gdir), "candidate": str(cand), "device": device},
+                   policy.load_timeout_s)
+        for w in (wb, wc) if timing.shared_cpus() else ():  # as the gate does before timing
+            w.request({"op": "pin", "cpus": timing.shared_cpus()}, policy.call_timeout_s)
+        f = wb.dir / "contents.pt"
+        save_sets(f, contents, torch)
+        wb.request({"op": "time_setup", "sets_file": str(f), "roles": [base_role], "mode": "launch",
+                    "buffers": policy.rotating_sets}, policy.call_timeout_s)
+        per_call_ns = timing.solo_ns(wb, base_role, policy.call_timeout_s)
         reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / per_call_ns)))  # as the gate sizes them
+        buffers = timing.buffer_count(policy, reps, sum(x.untyped_storage().nbytes() for x in contents[0][1]
+                                                        if isinstance(x, torch.Tensor)))
+        for w, role in ((wb, base_role), (wc, "candidate")):
+            f = w.dir / "contents.pt"
+            save_sets(f, contents, torch)
+            w.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": mode,
+                       "buffers": buffers}, policy.call_timeout_s)
         out = TimingCalibration(mode, reps, per_call_ns / 1e6, time.monotonic() - t0)
         start = time.monotonic()
         for i in range(trials):
             if budget_s is not None and i and time.monotonic() - start > budget_s:
                 break
             w0 = time.monotonic()
-            t, reasons = timing.measure(w, policy, mode, reps, per_call_ns)
+            t, reasons, _ = timing.measure(wb, wc, policy, mode, reps, per_call_ns, base_role, len(contents), buffers)
             if t is None:  # forged samples cannot come from trusted wrappers: report, do not hide
                 raise RuntimeError(f"timing trial {i} failed: {reasons}")
+            wc.request({"op": "checks", "out_file": str(wc.dir / "checks.pt")}, policy.call_timeout_s)  # drop them
             trial = TimingTrial(not reasons, t.speedup, t.speedup_low, t.samples, time.monotonic() - w0,
                                 (sum(t.baseline_ns) + sum(t.candidate_ns)) / 1e9)
             out.trials.append(trial)

@@ -32,7 +32,7 @@ def load_raw(path: Path, torch):
 # The original's results depend only on the graph's files, the device and the input sets: judging many
 # candidates for one graph (an optimizer's loop, a test suite) reuses them. Kept in this (trusted)
 # process only; a file cache could be written by candidate code.
-_REF_CACHE: dict = {}  # (graph id, seed, random_sets, pair, device) -> {"base": ..., "ref64": ...}
+_REF_CACHE: dict = {}  # (graph id, seed, random_sets, rotating_sets, pair, device) -> {"base", "ref64"}
 _SOLO_CACHE: dict = {}  # (graph id, device, rotating_sets) -> per-call ns of the original alone
 _REF_CACHE_SEEDS = 8
 
@@ -47,59 +47,85 @@ def _graph_id(gdir: Path) -> tuple:
     return (h.hexdigest(), st.st_size, st.st_mtime_ns)
 
 
-class Reference:
-    """The original's outputs and float64 reference for every seed, and its solo per-call time: from the
-    cache, or from a reference worker (never loads the candidate) run in a background thread."""
+def timing_contents(meta: dict, inputs: list, seed: int, policy: Policy) -> list:
+    """The input contents timed calls rotate through: twice as many random sets as rotating buffers, drawn
+    from their own seed (not the correctness sets), so the buffers' values change between samples."""
+    from tilesmith.gate.inputs import derive_seed, make_sets
 
-    def __init__(self, gdir: Path, sets: dict, pair, scratch: Path, device: str, policy: Policy, clock,
-                 quiet_first: list):
+    n = 2 * max(1, policy.rotating_sets)
+    contents = make_sets(meta, inputs, derive_seed(seed, "timing") % (1 << 31), n)[1:1 + n]
+    # Parameters keep one value through the timed calls, as a program's weights do between steps: the
+    # workers time them in one buffer at one address (a replay reads weights in place). Correctness
+    # varies them; the checked timed calls compare against the original on these same values.
+    params = [i for i, d in enumerate(meta.get("inputs") or []) if d.get("parameter")]
+    for name, content in contents[1:]:
+        for i in params:
+            content[i] = contents[0][1][i]
+    return contents
+
+
+class Reference:
+    """The original's side of a decision, in a worker that never loads the candidate: its outputs and
+    float64 reference for every seed's sets, its solo per-call time
+    (from this process's cache where it has them), and then, kept open, the baseline's timed samples."""
+
+    def __init__(self, gdir: Path, sets: dict, contents: dict, pair, ctx: dict, quiet_first: list):
+        policy, device = ctx["policy"], ctx["device"]
         gid = _graph_id(gdir)
-        self._keys = {s: (gid, s, policy.random_sets, tuple(pair), device) for s in sets}
+        self._keys = {s: (gid, s, policy.random_sets, policy.rotating_sets, tuple(pair), device) for s in sets}
         self._solo_key = (gid, device, policy.rotating_sets)
         self.quiet = threading.Event()
         self.error = None
-        self.worker = None
-        self._thread = None
-        missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
-        if missing or self._solo_key not in _SOLO_CACHE:
-            from tilesmith.gate.proc import start_worker
+        self.base_role = "best" if ctx.get("timing_base") else "baseline"
+        from tilesmith.gate.proc import start_worker
 
-            self.worker = start_worker("reference", scratch, device)
-            args = (gdir, missing, sets, pair, scratch, device, policy, clock, quiet_first)
-            self._thread = threading.Thread(target=self._run, args=args, daemon=True)
-            self._thread.start()
+        self.worker = start_worker("reference", ctx["scratch"], device, (gdir,), ctx.get("spares"))
+        # The worker that times the baseline. The original: this one. Another baseline (the best source so
+        # far): a worker of its own that loads nothing else, so that neither worker of a timed pair carries
+        # the history of code the other never ran (an OpenMP pool the original grew, for one).
+        self.timer = self.worker
+        if ctx.get("timing_base"):
+            self.timer = start_worker("timer", ctx["scratch"], device, (gdir,), ctx.get("spares"))
+        missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
+        args = (gdir, missing, contents[next(iter(contents))], pair, ctx, quiet_first)
+        self._thread = threading.Thread(target=self._run, args=args, daemon=True)
+        self._thread.start()
 
     @property
     def done(self) -> bool:
-        return self._thread is None or (not self._thread.is_alive() and self.error is None)
+        return not self._thread.is_alive() and self.error is None
 
-    def _run(self, gdir, missing, sets, pair, scratch, device, policy, clock, quiet_first) -> None:
+    def _run(self, gdir, missing, first_contents, pair, ctx, quiet_first) -> None:
         t0 = time.monotonic()
         try:
-            per_seed, solo = _reference(self.worker, gdir, missing, sets, pair, scratch, device, policy,
-                                        self.quiet, quiet_first, clock)
+            per_seed, solo = _reference(self.worker, gdir, missing, first_contents, pair, ctx, self.quiet,
+                                        quiet_first, None if self._solo_key not in _SOLO_CACHE else 0.0)
             for s, r in per_seed.items():
                 while len(_REF_CACHE) >= _REF_CACHE_SEEDS:
                     _REF_CACHE.pop(next(iter(_REF_CACHE)))
                 _REF_CACHE[self._keys[s]] = r
-            _SOLO_CACHE[self._solo_key] = solo
+            if solo:
+                _SOLO_CACHE[self._solo_key] = solo
+            if self.timer is not self.worker:
+                best = self.timer.dir / "timing_baseline.py"
+                best.write_bytes(Path(ctx["timing_base"]).read_bytes())
+                self.timer.request({"op": "load", "graph_dir": str(gdir), "best_file": str(best), "device": ctx["device"]},
+                                   ctx["policy"].load_timeout_s)
         except BaseException as e:  # re-raised by get() in the deciding thread
             self.error = e
         finally:
-            self.worker.close()
-            clock.add("reference", time.monotonic() - t0)
+            ctx["clock"].add("reference", time.monotonic() - t0)
 
     def calm(self) -> None:
         """The deciding thread's worker is idle: the reference may time the original alone."""
         self.quiet.set()
 
     def get(self) -> dict:
-        """{"base": {seed: ...}, "ref64": {seed: ... | None}, "per_call_ns": float}, waiting if need be."""
+        """{"base"|"ref64": {seed: ...}, "per_call_ns": float}, waiting if need be."""
         from tilesmith.gate.proc import WorkerFailure
 
         self.calm()
-        if self._thread is not None:
-            self._thread.join()
+        self._thread.join()
         if isinstance(self.error, WorkerFailure):
             e = self.error
             raise TilesmithError(f"the original wrapper fails in a gate worker ({e.code}): {e.message}",
@@ -108,32 +134,37 @@ class Reference:
             raise self.error
         out = {"base": {}, "ref64": {}, "per_call_ns": _SOLO_CACHE[self._solo_key]}
         for s, k in self._keys.items():
-            out["base"][s], out["ref64"][s] = _REF_CACHE[k]["base"], _REF_CACHE[k]["ref64"]
+            for part in ("base", "ref64"):
+                out[part][s] = _REF_CACHE[k][part]
         return out
 
     def close(self) -> None:
-        """Stop a reference that is still running (the candidate failed before it was needed)."""
+        """Stop the reference worker (still running when the candidate failed before it was needed)."""
         self.quiet.set()
-        if self._thread is not None and self._thread.is_alive():
+        if self._thread.is_alive():
             self.worker.kill()
+            self.timer.kill()
             self._thread.join()
+        self.worker.close()
+        self.timer.close()
 
 
-def _reference(w, gdir, missing: dict, sets: dict, pair, scratch: Path, device: str, policy: Policy,
-               quiet, quiet_first: list, clock) -> tuple[dict, float]:
+def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, quiet, quiet_first: list,
+               solo_known) -> tuple[dict, float | None]:
     """The original alone, in worker `w`: outputs and the float64 reference on every set of the seeds in
-    `missing`, then (once `quiet` is set and the workers in quiet_first are idle) a solo per-call time
-    that sizes timed samples and bounds the paired baseline."""
-    import statistics
-
+    `missing`; then (once `quiet` is set and the workers in
+    quiet_first are idle) a solo per-call time that sizes timed samples, unless `solo_known`."""
     import torch
 
+    from tilesmith.gate.timing import solo_ns
+
+    policy, clock, device = ctx["policy"], ctx["clock"], ctx["device"]
     out = {}
     text = (Path(gdir) / WRAPPER_FILE).read_text()
     with clock("reference.load"):
         w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": device}, policy.load_timeout_s)
     for seed, named in missing.items():
-        f, o = scratch / f"sets-ref-{seed}.pt", scratch / f"ref-{seed}.pt"
+        f, o = w.dir / f"sets-ref-{seed}.pt", w.dir / f"ref-{seed}.pt"
         save_sets(f, named, torch)
         with clock("reference.outputs"):
             w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o),
@@ -142,20 +173,22 @@ def _reference(w, gdir, missing: dict, sets: dict, pair, scratch: Path, device: 
         with clock("reference.ref64"):
             r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
                           policy.call_timeout_s)
-        out[seed] = {"base": base, "ref64": load_raw(o, torch)["outputs"] if r.get("available") else None}
+        ref64 = load_raw(o, torch)["outputs"] if r.get("available") else None
+        out[seed] = {"base": base, "ref64": ref64}
         f.unlink()
-    f = scratch / "rotating-ref.pt"
-    save_sets(f, rotating(next(iter(sets.values())), policy), torch)
-    w.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch"},
-              policy.call_timeout_s)
+    if solo_known is not None:
+        return out, None
+    f = w.dir / "rotating-ref.pt"
+    save_sets(f, first_contents, torch)
+    w.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch",
+               "buffers": policy.rotating_sets}, policy.call_timeout_s)
     f.unlink()
     # Alone means alone: other workers busy on the same cores (or GPU) would inflate the solo time.
     quiet.wait(policy.load_timeout_s + policy.call_timeout_s)
     for p in quiet_first:
         p.idle()
     calm_spares()
-    r = w.request({"op": "time", "rounds": 7, "reps": 1, "roles": ["baseline"]}, policy.call_timeout_s)
-    return out, max(1000.0, float(statistics.median(r["ns"]["baseline"])))
+    return out, solo_ns(w, "baseline", policy.call_timeout_s)
 
 
 def rotating(named_sets: list, policy: Policy) -> list:

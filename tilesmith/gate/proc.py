@@ -4,11 +4,9 @@ result pipe, timeouts that kill the whole process group, and every failure turne
 from __future__ import annotations
 
 import contextlib
-import getpass
 import hashlib
 import json
 import os
-import re
 import select
 import shutil
 import signal
@@ -17,10 +15,11 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT", re.I)
-
+from tilesmith import sandbox
+from tilesmith.sandbox import _SECRET
 
 class WorkerFailure(Exception):
     """The worker crashed, hung, raised or answered nonsense; `code` is the gate's reason code."""
@@ -32,41 +31,28 @@ class WorkerFailure(Exception):
 
 
 def worker_env(tmp: Path) -> dict:
-    """The parent's environment minus secrets, with its own HOME/TMPDIR and the compile caches kept warm."""
-    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k)}
-    # Resolved before HOME/TMPDIR move, so the worker finds the kernels the parent's run compiled.
-    try:
-        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
-    except Exception:
-        user = f"uid_{os.getuid()}"
-    default_dir = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", default_dir)
-    # Inductor keeps precompiled C++ headers under the *temp* dir's default cache, whatever
-    # TORCHINDUCTOR_CACHE_DIR says; the worker points there so it does not rebuild them (seconds each).
-    env["TILESMITH_GATE_HEADER_DIR"] = os.path.join(default_dir, "precompiled_headers")
-    env.setdefault("TRITON_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".triton", "cache"))
-    for d in ("home", "tmp"):
-        (tmp / d).mkdir(parents=True, exist_ok=True)
-    env.update(HOME=str(tmp / "home"), TMPDIR=str(tmp / "tmp"), TILESMITH_HOME=str(tmp / "home" / "tilesmith"),
-               TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
-    env.pop("TILESMITH_DEBUG", None)
-    return env
+    """The parent's environment minus secrets (tilesmith.sandbox.scrubbed_env)."""
+    return sandbox.scrubbed_env(tmp)
 
 
 class Worker:
     """One `python -m tilesmith.gate.worker` process; requests on stdin, replies on a private pipe."""
 
-    def __init__(self, name: str, scratch: Path, device: str = "cpu"):
+    def __init__(self, name: str, scratch: Path, device: str = "cpu", readable: tuple = ()):
+        """readable: folders the worker may read besides its own (the graph folder); everything it
+        writes goes in its own folder, self.dir, the only writable place in its sandbox."""
         self.name = name
         self.started = time.monotonic()
         self.dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=scratch))
         self.log_path = self.dir / "log.txt"
+        self.sandbox = sandbox.level()
         r, w = os.pipe()
         self._log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", str(w)]
         env = {**worker_env(self.dir), "TILESMITH_GATE_DEVICE": device}
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env, cwd=self.dir, pass_fds=(w,), start_new_session=True)
+        spec = sandbox.Spec(scratch=str(self.dir), readable=[str(p) for p in readable])
+        self.proc = sandbox.popen(cmd, spec, env, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
+                                  pass_fds=(w,))
         os.close(w)
         self._r = r
         self._buf = b""
@@ -88,7 +74,7 @@ class Worker:
             raise self._fail("protocol", "the worker answered something that is not an object")
         if not d.get("ok"):
             self.close()
-            raise WorkerFailure(str(d.get("code") or "raised")[:40], str(d.get("error") or "failed")[:800])
+            raise WorkerFailure(str(d.get("code") or "raised")[:40], sandbox.redact(str(d.get("error") or "failed"))[:800])
         return d
 
     def _read_line(self, timeout_s: float) -> bytes:
@@ -126,7 +112,7 @@ class Worker:
             text = self.log_path.read_text(errors="replace").strip().splitlines()
         except OSError:
             return ""
-        return " | ".join(line.strip()[:200] for line in text[-lines:])
+        return sandbox.redact(" | ".join(line.strip()[:200] for line in text[-lines:]))
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -178,9 +164,9 @@ class Worker:
 
 
 class _Spare:
-    def __init__(self, device: str, home: Path, fingerprint: str):
+    def __init__(self, device: str, home: Path, fingerprint: str, readable: tuple):
         self.device, self.fingerprint = device, fingerprint
-        self.worker = Worker("spare", home, device)
+        self.worker = Worker("spare", home, device, readable)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._ready, daemon=True)
         self._thread.start()
@@ -201,7 +187,8 @@ class _Spare:
 
 
 class Spares:
-    """Up to `per_device` started workers per device, refilled when a decision ends (see above)."""
+    """Up to `per_device` started workers per device, refilled when a decision ends (see above). A
+    spare's sandbox can read the graph folder it was started for: it is handed out for that graph only."""
 
     def __init__(self, per_device: int):
         self.per_device = per_device
@@ -209,26 +196,27 @@ class Spares:
         self._lock = threading.Lock()
         self._pool: dict[str, list[_Spare]] = {}
         self._closed = False
+        _LIVE.add(self)
 
-    def take(self, name: str, scratch: Path, device: str) -> "Worker":
-        fp = _env_fingerprint(device)
+    def take(self, name: str, scratch: Path, device: str, readable: tuple = ()) -> "Worker":
+        fp = _env_fingerprint(device, readable)
         with self._lock:
             pool = self._pool.setdefault(device, [])
             spare = next((s for s in pool if s.fingerprint == fp and s.ready), None)
             if spare is not None:
                 pool.remove(spare)
         if spare is None:
-            return Worker(name, scratch, device)
+            return Worker(name, scratch, device, readable)
         spare.worker.name = name
         return spare.worker
 
-    def refill(self, device: str) -> None:
+    def refill(self, device: str, readable: tuple = ()) -> None:
         """Start spares up to the pool's size. Called when a decision is over, so they start while the
         optimizer prepares its next candidate, not while this decision measures."""
         with self._lock:
-            self._fill(device, _env_fingerprint(device))
+            self._fill(device, _env_fingerprint(device, readable), tuple(readable))
 
-    def _fill(self, device: str, fp: str) -> None:
+    def _fill(self, device: str, fp: str, readable: tuple) -> None:
         if self._closed:
             return
         pool = self._pool.setdefault(device, [])
@@ -236,7 +224,7 @@ class Spares:
             pool.remove(s)
             s.worker.close()
         while len(pool) < self.per_device:
-            pool.append(_Spare(device, self._home, fp))
+            pool.append(_Spare(device, self._home, fp, readable))
 
     def calm(self) -> None:
         """Wait until no spare is starting (a starting interpreter would disturb a measurement)."""
@@ -246,6 +234,7 @@ class Spares:
             s.idle()
 
     def close(self) -> None:
+        _LIVE.discard(self)
         with self._lock:
             self._closed = True
             spares = [s for pool in self._pool.values() for s in pool]
@@ -257,32 +246,26 @@ class Spares:
         shutil.rmtree(self._home, ignore_errors=True)
 
 
-_SPARES: Spares | None = None
+# Pools alive now, only so that a measurement anywhere (the tuner's screen, a profile) can wait for
+# interpreters still starting. Which worker a decision gets depends only on the pool passed to judge().
+_LIVE: "weakref.WeakSet[Spares]" = weakref.WeakSet()
 
 
-def _env_fingerprint(device: str) -> str:
+def _env_fingerprint(device: str, readable: tuple = ()) -> str:
     items = sorted((k, v) for k, v in os.environ.items() if not _SECRET.search(k))
-    return hashlib.sha256(json.dumps([device, items]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([device, items, [str(p) for p in readable], sandbox.mode()]).encode()).hexdigest()
 
 
-def start_worker(name: str, scratch: Path, device: str = "cpu") -> "Worker":
-    """A worker for one role of one decision: a started spare when `keep_spares` is on, else a new one."""
-    spares = _SPARES
-    return spares.take(name, scratch, device) if spares is not None else Worker(name, scratch, device)
-
-
-def refill_spares(device: str) -> None:
-    """After a decision: start the spares the next one will take (when `keep_spares` is on)."""
-    spares = _SPARES
-    if spares is not None:
-        spares.refill(device)
+def start_worker(name: str, scratch: Path, device: str = "cpu", readable: tuple = (),
+                 spares: Spares | None = None) -> "Worker":
+    """A worker for one role of one decision: a started spare from `spares` when given, else a new one."""
+    return spares.take(name, scratch, device, readable) if spares is not None else Worker(name, scratch, device, readable)
 
 
 def calm_spares() -> None:
-    """Before any measurement: wait for spares still starting."""
-    spares = _SPARES
-    if spares is not None:
-        spares.calm()
+    """Before any measurement: wait for spares still starting, in every live pool."""
+    for pool in list(_LIVE):
+        pool.calm()
 
 
 def default_spares() -> int:
@@ -311,14 +294,13 @@ def usable_cores() -> int:
 
 @contextlib.contextmanager
 def keep_spares(per_device: int):
-    """Within the block, gate decisions take started workers from a pool of `per_device` per device."""
-    global _SPARES
-    if per_device <= 0 or _SPARES is not None:  # off, or an outer block keeps them already
-        yield
+    """A pool of `per_device` started workers per device for the block (None when off): pass it to
+    judge(..., spares=pool) for decisions that run back to back."""
+    if per_device <= 0:
+        yield None
         return
-    _SPARES = Spares(per_device)
+    pool = Spares(per_device)
     try:
-        yield
+        yield pool
     finally:
-        spares, _SPARES = _SPARES, None
-        spares.close()
+        pool.close()

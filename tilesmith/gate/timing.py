@@ -12,6 +12,7 @@ until nothing is ever accepted. speedup = exp(median) > 1 is faster.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -64,39 +65,80 @@ def decide(est: Estimate, min_improvement: float, futility_high: float | None = 
     return "undecided"
 
 
-def check_samples(ns: dict, rounds: int, wall_ns: int) -> Reason | None:
-    """The worker's raw samples must be well-formed and fit in the wall time the parent itself measured."""
-    try:
-        b, c = ns["baseline"], ns["candidate"]
-        ok = len(b) == rounds and len(c) == rounds and all(isinstance(x, int) and x > 0 for x in b + c)
-    except (KeyError, TypeError):
-        ok = False
-    if not ok:
-        return Reason("timing-forged", "the timing worker returned malformed samples")
-    if sum(b) + sum(c) > wall_ns:
-        return Reason("timing-forged", f"the samples add up to {(sum(b) + sum(c)) / 1e6:.1f} ms but the request took "
-                                       f"{wall_ns / 1e6:.1f} ms of wall time: the clock was tampered with")
+MAX_CHECKED_SAMPLES = 24  # candidate samples whose outputs are kept per pass (memory: 2 calls' outputs each)
+KEEP_PROBABILITY = 0.5  # each sample is kept with this probability, drawn after it ran (the last one always)
+
+
+@dataclass
+class CheckedSample:
+    """A candidate sample whose kept calls' outputs the parent compares with the original's."""
+
+    start: int  # rotation index of its first call: call i read buffer (start + i) % buffers
+    fill: list[int]  # the pool content each buffer was refilled from before the sample
+    perturb: int  # the seed that then gave every buffer values of its own (worker._set_content)
+
+
+def _sample(worker, msg: dict, timeout_s: float) -> tuple[int | None, Reason | None]:
+    """One timed sample; its raw total must be a positive int inside the wall time the parent measured."""
+    w0 = time.perf_counter_ns()
+    reply = worker.request(msg, timeout_s=timeout_s)
+    wall = time.perf_counter_ns() - w0
+    ns = reply.get("ns")
+    bad = check_sample(ns, wall)
+    return (None, bad) if bad else (ns, None)
+
+
+def check_sample(ns, wall_ns: int) -> Reason | None:
+    """A worker's raw sample must be a positive int that fits in the wall time the parent itself measured."""
+    if not isinstance(ns, int) or isinstance(ns, bool) or ns <= 0:
+        return Reason("timing-forged", "the timing worker returned a malformed sample")
+    if ns > wall_ns:
+        return Reason("timing-forged", f"a sample of {ns / 1e6:.1f} ms came back in {wall_ns / 1e6:.1f} ms of wall "
+                                       "time: the clock was tampered with")
     return None
 
 
-def measure(worker, policy, mode: str, reps: int, per_call_ns: float) -> tuple[Timing | None, list[Reason]]:
-    """Paired rounds from a loaded, set-up worker until the bound decides or the time budget is spent."""
+def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_role: str = "baseline",
+            contents: int = 1, buffers: int | None = None) -> tuple[Timing | None, list[Reason], list[CheckedSample]]:
+    """Paired rounds until the bound decides or the time budget is spent.
+
+    timer: the worker that times the baseline (`base_role`); it never loads the candidate.
+    cand: the candidate's worker (role "candidate"). One process is busy at a time: each sample is a
+    request, and the parent waits for its answer before sending the next.
+    buffers: the rotating buffer sets each worker holds (time_setup's `buffers`).
+    contents: input contents in the workers' pools; before each round both refill their rotating
+    buffers with the same random choice of contents, then perturb them with the same fresh seed: the
+    values of every round are new (no cache keyed on addresses or on contents can answer a call).
+    Returns the timing, the reasons to reject, and the candidate samples whose outputs the candidate
+    worker kept (the last one included): fetch them with a `checks` request, keep=True.
+    """
+    rng = random.SystemRandom()
+    buffers = max(1, buffers or policy.rotating_sets)
     b_all: list[int] = []
     c_all: list[int] = []
+    kept: list[CheckedSample] = []
+    keep_last, last, k = False, None, 0
     start = time.monotonic()
     batch = policy.min_rounds
+    timeout_s = max(60.0, 20 * reps * per_call_ns / 1e9)
     while True:
-        budget_ns = batch * 2 * reps * per_call_ns
-        w0 = time.perf_counter_ns()
-        reply = worker.request({"op": "time", "rounds": batch, "reps": reps, "round0": len(b_all),
-                                "roles": ["baseline", "candidate"], "mode": mode},
-                               timeout_s=max(60.0, 20 * budget_ns / 1e9))
-        wall = time.perf_counter_ns() - w0
-        bad = check_samples(reply.get("ns"), batch, wall)
-        if bad:
-            return None, [bad]
-        b_all += reply["ns"]["baseline"]
-        c_all += reply["ns"]["candidate"]
+        for _ in range(batch):
+            fill = [rng.randrange(contents) for _ in range(buffers)]
+            perturb = rng.getrandbits(62)
+            sides = [(timer, base_role, b_all), (cand, "candidate", c_all)]
+            for w, role, into in (sides if len(b_all) % 2 == 0 else sides[::-1]):
+                msg = {"op": "time", "role": role, "reps": reps, "start": k, "fill": fill, "perturb": perturb}
+                if role == "candidate":
+                    msg["keep"] = keep_last  # decided after the previous sample ran
+                ns, bad = _sample(w, msg, timeout_s)
+                if bad:
+                    return None, [bad], kept
+                into.append(ns)
+            last = CheckedSample(k, fill, perturb)
+            keep_last = len(kept) < MAX_CHECKED_SAMPLES - 1 and rng.random() < KEEP_PROBABILITY
+            if keep_last:
+                kept.append(last)
+            k += reps
         est = estimate(b_all, c_all, policy.confidence)
         state = decide(est, policy.min_improvement, estimate(b_all, c_all, policy.futility_confidence).high)
         spent = time.monotonic() - start
@@ -105,13 +147,50 @@ def measure(worker, policy, mode: str, reps: int, per_call_ns: float) -> tuple[T
         # Double the sample count, but stay inside the budget at the measured rate.
         rate = spent / len(b_all)
         batch = max(4, min(len(b_all), policy.max_rounds - len(b_all), int((policy.time_budget_s - spent) / rate) + 1))
+    if not keep_last:
+        kept.append(last)  # the pass's last timed call is always checked
     timing = Timing(mode=mode, baseline_ms=statistics.median(b_all) / reps / 1e6,
                     candidate_ms=statistics.median(c_all) / reps / 1e6, speedup=est.speedup, speedup_low=est.low,
                     speedup_high=est.high, samples=len(b_all), calls_per_sample=reps,
                     baseline_ns=b_all, candidate_ns=c_all)
     if state == "accept":
-        return timing, []
+        return timing, [], kept
     need = 1 + policy.min_improvement
     how = "clearly not" if state == "reject" else "not shown to be"
     return timing, [Reason("not-faster", f"{how} faster: speedup {est.speedup:.3f}x, {policy.confidence:.1%} lower "
-                                         f"bound {est.low:.3f}x, needs > {need:.3f}x ({len(b_all)} paired samples)")]
+                                         f"bound {est.low:.3f}x, needs > {need:.3f}x ({len(b_all)} paired samples)")], kept
+
+
+def solo_ns(worker, role: str, timeout_s: float, samples: int = 7) -> float:
+    """Median of `samples` single calls of `role`, alone: sizes timed samples."""
+    ns = []
+    for i in range(samples):
+        t, bad = _sample(worker, {"op": "time", "role": role, "reps": 1, "start": i}, timeout_s)
+        if bad:
+            raise RuntimeError(bad.message)
+        ns.append(t)
+    return max(1000.0, float(statistics.median(ns)))
+
+
+def buffer_count(policy, reps: int, input_bytes: int, cap_bytes: int = 1 << 30, most: int = 64) -> int:
+    """Rotating buffer sets for timing: one per call of a sample where memory allows (up to `most` and
+    `cap_bytes` of inputs), so within a sample no call reads the values of another (no cache keyed on
+    addresses or contents can answer), and never fewer than policy.rotating_sets."""
+    fit = cap_bytes // max(1, input_bytes)
+    return max(1, policy.rotating_sets, min(reps, most, fit))
+
+
+def shared_cpus() -> list[int]:
+    """The CPUs both timed workers are pinned to: as many as one worker's threads use (OMP_NUM_THREADS,
+    else every CPU this process may use), the highest-numbered first (CPU 0 takes most interrupts).
+    Empty where affinity cannot be set."""
+    import os
+
+    if not hasattr(os, "sched_getaffinity"):
+        return []
+    cpus = sorted(os.sched_getaffinity(0))
+    try:
+        n = int(os.environ.get("OMP_NUM_THREADS", "") or len(cpus))
+    except ValueError:
+        n = len(cpus)
+    return cpus[-max(1, min(n, len(cpus))):]

@@ -90,6 +90,7 @@ class Timing:
     calls_per_sample: int
     baseline_ns: list[int] = field(default_factory=list)  # raw per-sample totals, nanoseconds
     candidate_ns: list[int] = field(default_factory=list)
+    checked_calls: int = 0  # timed calls whose outputs were compared with the original's (parent-chosen)
 
 
 @dataclass
@@ -119,6 +120,9 @@ class Verdict:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     timing_baseline_sha256: str | None = None  # set when the timing baseline was not the original
     checked_only: bool = False  # judged with Policy.correctness_only: no timing, never accepted
+    # The isolation candidate code ran under: "namespaces" (an OS sandbox: own user, PID, mount and network
+    # namespaces, read-only file system) or "env-only" (a scrubbed environment only); see tilesmith.sandbox.
+    sandbox: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)

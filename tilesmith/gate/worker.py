@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 _perf_ns = time.perf_counter_ns  # bound before candidate code exists in this process
+_urandom = os.urandom
 _T0_NS = _perf_ns()
 _STARTUP_S = 0.0  # seconds from this module's first line to the first request it can take
 
@@ -34,8 +36,14 @@ class State:
         # in the reference worker, so its instance here is fresh.
         self.loaders = {}
         self.device = "cpu"
-        self.timed = {}  # role -> list of (call thunk) over rotating buffers
-        self.keep = []  # CUDA graphs, their inputs and their outputs stay alive while timing
+        self.timed = {}  # role -> list of (call thunk returning the call's outputs) over rotating buffers
+        self.bufs = {}  # role -> the rotating input buffers the thunks read
+        self.pool = {}  # role -> input contents the buffers are refilled from between samples
+        self.keep = {}  # role -> CUDA graphs, their inputs and their outputs stay alive while timing
+        self.pending = None  # outputs of the last timed sample, kept until the parent says keep or drop
+        self.checks = []  # outputs of timed calls the parent chose to check (CPU copies)
+        self.state0 = None  # process-state fingerprint taken before any wrapper code ran
+        self.shared = set()  # input positions timed in one buffer for every buffer set (parameters)
 
 
 def _to_device(x, device):
@@ -120,9 +128,15 @@ def op_load(st: State, req: dict) -> dict:
             st.fns["baseline"] = loading.load_module(f.read(), consts()).call
     elif req.get("baseline"):
         st.fns["baseline"] = loading.load_wrapper(req["graph_dir"], consts()).call
+    if req.get("best_file"):  # the best source so far (trusted: accepted earlier), timed as the baseline
+        with open(req["best_file"]) as f:
+            st.fns["best"] = loading.load_module(f.read(), consts()).call
     if req.get("candidate"):
         with open(req["candidate"]) as f:
             text = f.read()
+        if st.state0 is None:  # the last moment before candidate code runs in this process
+            st.state0 = process_state()
+        # A thunk loading the module again: the timed calls run on a fresh instance (op_time_setup).
         st.loaders["candidate"] = lambda: loading.load_module(text, consts()).call
         st.fns["candidate"] = st.loaders["candidate"]()
     return {"load_ns": _perf_ns() - t0}
@@ -139,7 +153,9 @@ def op_outputs(st: State, req: dict) -> dict:
         out, res = _call(st, role, args, side)
         lays = [_layout(o, args) for o in _as_list(out)]
         _storage_ids(lays)
-        results.append({"outputs": res, "layouts": lays, "inputs_after": [_to_cpu(a) for a in args]})
+        after = [_to_cpu(a) for a in args]
+        results.append({"outputs": res, "layouts": lays, "inputs_after": after,
+                        "mutated": any(_changed(x, y) for x, y in zip(inputs, after))})
         del out
     pair = {}
     if req.get("pair"):
@@ -153,6 +169,14 @@ def op_outputs(st: State, req: dict) -> dict:
         pair = {"first": [_to_cpu(o) for o in _as_list(out1)], "second": second}
     torch.save({"sets": results, "pair": pair}, req["out_file"])
     return {}
+
+
+def _changed(before, after) -> bool:
+    if not isinstance(before, torch.Tensor):
+        return False
+    if before.dtype.is_floating_point:
+        return not torch.equal(before.nan_to_num(), after.nan_to_num())
+    return not torch.equal(before, after)
 
 
 def _poison(device: str) -> None:
@@ -191,24 +215,29 @@ def op_ref64(st: State, req: dict) -> dict:
 
 
 def op_time_setup(st: State, req: dict) -> dict:
-    """Rotating device buffers for each role; in graph mode a CUDA graph per buffer set and role.
+    """`buffers` rotating device buffers for each role, filled from the first input contents of the
+    sets file (the pool later samples are refilled from); in graph mode a CUDA graph per buffer set.
 
     The candidate is timed on a fresh instance of its module, as a program's first calls would run it:
     state its calls keep (a CUDA-graph replay learning which outputs the caller holds) comes from these
-    calls, not from the correctness calls before. Parameters (graph.json) stay in one buffer across the sets,
-    as a program's weights stay at one address; the other inputs rotate. `modes` may time a role in
-    another mode than `mode` (a candidate with its own replay against Inductor's, in graph mode)."""
-    sets = torch.load(req["sets_file"], weights_only=True)["inputs"]
-    shared = {i for i, d in enumerate(st.data.meta.get("inputs") or []) if d.get("parameter")}
+    calls, not from the correctness calls before. Parameters (graph.json) stay in one buffer across the
+    buffer sets, as a program's weights stay at one address (their content is the same in every timing
+    set: gate.original.timing_contents); the other inputs rotate."""
+    contents = torch.load(req["sets_file"], weights_only=True)["inputs"]
+    n = max(1, int(req.get("buffers") or len(contents)))
+    st.shared = _parameters(st)
     for role in req["roles"]:
-        first = [_to_device(x, st.device) for x in sets[0]]
-        bufs = [first] + [[first[i] if i in shared else _to_device(x, st.device) for i, x in enumerate(inputs)]
-                          for inputs in sets[1:]]
+        st.keep[role] = []
+        st.pool[role] = [[_to_device(x, st.device) for x in inputs] for inputs in contents]
+        bufs = st.bufs[role] = []
+        for b in range(n):
+            bufs.append([bufs[0][i] if b and i in st.shared else _to_device(x, st.device)
+                         for i, x in enumerate(contents[b % len(contents)])])
         fn = st.loaders[role]() if role in st.loaders else st.fns[role]
-        if (req.get("modes") or {}).get(role, req["mode"]) == "graph":
-            st.timed[role] = [_capture_graph(st, fn, b) for b in bufs]
+        if req["mode"] == "graph":
+            st.timed[role] = [_capture_graph(st, role, fn, b) for b in st.bufs[role]]
         else:
-            st.timed[role] = [(lambda fn=fn, b=b: fn(list(b))) for b in bufs]
+            st.timed[role] = [(lambda fn=fn, b=b: fn(list(b))) for b in st.bufs[role]]
         with torch.no_grad():
             for _ in range(2):  # warm-up: first calls autotune and allocate, a replay records its graphs
                 for thunk in st.timed[role]:
@@ -217,7 +246,12 @@ def op_time_setup(st: State, req: dict) -> dict:
     return {}
 
 
-def _capture_graph(st: State, fn, bufs):
+def _parameters(st: State) -> set:
+    """Positions of the inputs graph.json marks as parameters (weights, buffers of the module)."""
+    return {i for i, d in enumerate((st.data.meta.get("inputs") or []) if st.data else []) if d.get("parameter")}
+
+
+def _capture_graph(st: State, role: str, fn, bufs):
     with torch.no_grad():
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -231,29 +265,147 @@ def _capture_graph(st: State, fn, bufs):
     # The graph reads and writes these addresses on every replay: its inputs must outlive it like its
     # outputs. (Dropping `bufs` here let later allocations, or empty_cache at the next capture, take that
     # memory: replays then read freed memory, and on the H200 hit an illegal address now and then.)
-    st.keep.append((g, out, bufs))
-    return g.replay
+    st.keep[role].append((g, out, bufs))
+    replay = g.replay
+    return lambda: (replay(), out)[1]
+
+
+def _snapshot(out, graph: bool):
+    """A call's outputs, kept past later calls: in graph mode they live in the graph's buffers (a copy)."""
+    return [o.clone() if graph and isinstance(o, torch.Tensor) else o for o in _as_list(out)]
 
 
 def op_time(st: State, req: dict) -> dict:
-    """`rounds` paired samples of `reps` calls each; order alternates; device-wide sync around each sample."""
-    reps, first = int(req["reps"]), int(req.get("round0", 0))
-    roles = req["roles"]
-    ns = {r: [] for r in roles}
-    k = 0
+    """One timed sample: `reps` calls of `role` over the rotating buffers from index `start`, device-wide
+    sync around it. Before it, the buffers are refilled with the contents `fill` names (new values, same
+    addresses). After each call, a fresh random draw decides whether this call replaces the one kept so
+    far (reservoir sampling: every call of the sample equally likely): drawn after the call returns, so
+    no call can know whether it will be checked. The kept call and the last call stay pending; the next
+    request says whether the parent wants them (`keep`)."""
+    if req.get("keep"):
+        _keep_pending(st)
+    st.pending = None
+    role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a refill is small work: a thread team would cost more than it saves
+    try:
+        for b, c in enumerate(req.get("fill") or []):
+            _set_content(st, st.bufs[role][b], st.pool[role][c], req.get("perturb"), b)
+    finally:
+        torch.set_num_threads(threads)
+    thunks = st.timed[role]
+    n, graph = len(thunks), bool(st.keep.get(role))
+    kept, kept_i, out = None, -1, None
     with torch.no_grad():
-        for r in range(first, first + int(req["rounds"])):
-            order = roles if r % 2 == 0 else roles[::-1]
-            for role in order:
-                thunks = st.timed[role]
-                _device_sync()
-                t0 = _perf_ns()
-                for i in range(reps):
-                    thunks[(k + i) % len(thunks)]()
-                _device_sync()
-                ns[role].append(_perf_ns() - t0)
-            k += reps
+        _device_sync()
+        t0 = _perf_ns()
+        for i in range(reps):
+            out = thunks[(k + i) % n]()
+            if int.from_bytes(_urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
+                kept, kept_i = _snapshot(out, graph), i
+        _device_sync()
+        ns = _perf_ns() - t0
+    st.pending = {"start": k, "calls": [kept_i, reps - 1], "outputs": [kept, _snapshot(out, graph)]}
     return {"ns": ns}
+
+
+def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:
+    """Refill one buffer set with a pool content; with a seed, every non-parameter float input is then
+    scaled by 1 + 1e-2 * uniform(-1, 1) elementwise (signs and zeros kept), drawn on the device from
+    (seed, b): values no call has seen before, so no cache keyed on content can answer from memory."""
+    for i, (dst, src) in enumerate(zip(bufs, content)):
+        if i in st.shared:  # one buffer for every set, and the same content in each: nothing to refill
+            continue
+        _refill(dst, src)
+        info = (st.data.meta.get("inputs") or [{}] * len(bufs))[i] if st.data else {}
+        if seed is None or not isinstance(dst, torch.Tensor) or not dst.dtype.is_floating_point \
+                or info.get("parameter") or not span_numel(dst):
+            continue
+        n = span_numel(dst)
+        g = torch.Generator(device=dst.device).manual_seed((int(seed) * 1009 + b * 101 + i) % (1 << 62))
+        u = torch.rand(n, generator=g, device=dst.device, dtype=torch.float32)
+        flat = dst.as_strided((n,), (1,), dst.storage_offset())
+        flat.mul_((1.0 + 1e-2 * (2.0 * u - 1.0)).to(dst.dtype))
+
+
+def op_original_checks(st: State, req: dict) -> dict:
+    """The original (role baseline) on exactly the inputs of the candidate's kept timed calls: for each
+    sample (fill, perturb seed, start) and each kept call, the buffer that call read, rebuilt."""
+    role, n = req["bufs_role"], len(st.bufs[req["bufs_role"]])
+    results = []
+    for sample in req["samples"]:
+        outs = []
+        for call in sample["calls"]:
+            b = (sample["start"] + call) % n
+            bufs = st.bufs[role][b]
+            _set_content(st, bufs, st.pool[role][sample["fill"][b]], sample["perturb"], b)
+            _, res = _call(st, "baseline", bufs, False)
+            outs.append(res)
+        results.append(outs)
+    torch.save(results, req["out_file"])
+    return {}
+
+
+def _keep_pending(st: State) -> None:
+    p, st.pending = st.pending, None
+    if p is not None:
+        p["outputs"] = [[_to_cpu(o) for o in outs] for outs in p["outputs"]]
+        st.checks.append(p)
+
+
+def op_checks(st: State, req: dict) -> dict:
+    """The kept outputs of timed calls (the pending sample's too when `keep`), saved raw for the parent."""
+    if req.get("keep"):
+        _keep_pending(st)
+    torch.save(st.checks, req["out_file"])
+    n, st.checks = len(st.checks), []
+    return {"n": n}
+
+
+def process_state() -> dict:
+    """Process-wide settings a call could change to slow down, or change the numerics of, code that runs
+    after it: compared before and after candidate code runs."""
+    tiny = torch.tensor([1e-40], dtype=torch.float32)
+    st = {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+          "matmul_precision": torch.get_float32_matmul_precision(),
+          "cuda_matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+          "cuda_fp16_reduced": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+          "cuda_bf16_reduced": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+          "cudnn": [torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+                    torch.backends.cudnn.deterministic],
+          "deterministic": [torch.are_deterministic_algorithms_enabled(),
+                            torch.is_deterministic_algorithms_warn_only_enabled()],
+          "flush_denormal": bool((tiny * 1.0).item() == 0.0), "default_dtype": str(torch.get_default_dtype()),
+          "default_device": str(torch.get_default_device()) if hasattr(torch, "get_default_device") else "",
+          "grad": torch.is_grad_enabled(), "inference_mode": torch.is_inference_mode_enabled(),
+          "python_threads": threading.active_count(), "affinity": sorted(os.sched_getaffinity(0))
+          if hasattr(os, "sched_getaffinity") else [], "nice": os.getpriority(os.PRIO_PROCESS, 0),
+          "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    if _CUDA and torch.cuda.is_initialized():
+        st["cuda_device"] = torch.cuda.current_device()
+        st["cuda_stream"] = torch.cuda.current_stream().cuda_stream
+        st["allocator"] = torch.cuda.get_allocator_backend()
+    return st
+
+
+def _state_change(st: State) -> str:
+    if st.state0 is None:
+        return ""
+    now = process_state()
+    diff = [f"{k} {st.state0.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(st.state0))
+            if now.get(k) != st.state0.get(k) and k in st.state0]
+    return "; ".join(diff)
+
+
+def op_pin(st: State, req: dict) -> dict:
+    """Run on exactly these CPUs from now on: the parent gives the baseline's worker and the candidate's
+    the same ones, so their paired samples share a core's load and caches (on a machine shared with
+    other work, two processes left to the scheduler settle on differently loaded cores)."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(int(c) for c in req["cpus"]))
+        if st.state0 is not None:  # the parent's own change of the process's state
+            st.state0["affinity"] = sorted(os.sched_getaffinity(0))
+    return {}
 
 
 def op_ready(st: State, req: dict) -> dict:
@@ -261,7 +413,9 @@ def op_ready(st: State, req: dict) -> dict:
     return {"pid": os.getpid(), "startup_s": _STARTUP_S}
 
 
-OPS = {"ready": op_ready, "load": op_load, "outputs": op_outputs, "ref64": op_ref64, "time_setup": op_time_setup, "time": op_time}
+OPS = {"ready": op_ready, "load": op_load, "outputs": op_outputs, "ref64": op_ref64, "time_setup": op_time_setup, "time": op_time,
+       "checks": op_checks, "original_checks": op_original_checks,
+       "pin": op_pin}
 
 
 def _die_with_parent() -> None:
@@ -345,6 +499,9 @@ def main(fd: int) -> None:
             break
         try:
             reply = {"ok": True, **OPS[req["op"]](st, req)}
+            changed = _state_change(st)
+            if changed:  # checked after every request that ran candidate code, before any answer
+                reply = {"ok": False, "code": "process-state", "error": "the candidate changes process state: " + changed}
         except Exception as e:  # the candidate raised (or could not load): the parent decides what it means
             from tilesmith.errors import TilesmithError
 

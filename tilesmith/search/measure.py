@@ -4,14 +4,13 @@ worker subprocess. Only a screen: a variant that looks faster here still has to 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tilesmith import sandbox
 from tilesmith.gate.proc import calm_spares
 
 
@@ -38,17 +37,13 @@ def screen(graph_dir: str | Path, sources: list[tuple[str, str]], *, budget_s: f
         spec = Path(tmp) / "spec.json"
         spec.write_text(json.dumps({"graph_dir": str(graph_dir), "sources": files, "budget_s": budget_s}))
         calm_spares()  # no gate worker may still be starting while the variants are timed
-        try:
-            p = subprocess.run([sys.executable, "-m", "tilesmith.search.measure_worker", str(spec)],
-                               capture_output=True, text=True, timeout=timeout_s,
-                               env={**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"})
-        except subprocess.TimeoutExpired:
-            return [Screen(label, None, [], f"screening timed out after {timeout_s:.0f} s") for label, _ in sources]
-    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
-    if p.returncode != 0 or not lines:
-        err = " | ".join((p.stderr or p.stdout).strip().splitlines()[-2:])
-        return [Screen(label, None, [], f"worker failed: {err}") for label, _ in sources]
-    raw = json.loads(lines[-1])
+        res = sandbox.run_json([sys.executable, "-m", "tilesmith.search.measure_worker", str(spec)],
+                               sandbox.Spec(scratch=tmp, readable=[str(graph_dir)]), timeout_s)
+    if res.returncode is None:
+        return [Screen(label, None, [], f"screening timed out after {timeout_s:.0f} s") for label, _ in sources]
+    if res.returncode != 0 or res.reply is None:
+        return [Screen(label, None, [], f"worker failed: {res.tail}") for label, _ in sources]
+    raw = sandbox.redact_obj(res.reply)
     out = []
     for (label, _), r in zip(sources, raw["results"]):
         ms = [ns / 1e6 for ns in r["ns"]]

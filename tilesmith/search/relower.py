@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilesmith import sandbox
 from tilesmith.capture import repro
 from tilesmith.workspace import load_graph_json
 
@@ -154,15 +156,19 @@ def _start(graph_dir, v: Variant, base: Path) -> subprocess.Popen:
     base.mkdir()
     (base / "spec.json").write_text(json.dumps({"graph_dir": str(graph_dir), "patch": v.patch,
                                                 "out": str(base / "wrapper.py")}))
-    # TORCHINDUCTOR_COMPILE_THREADS=1: parallelism comes from the workers, not pools inside each.
-    return subprocess.Popen([sys.executable, "-m", "tilesmith.search.relower_worker", str(base / "spec.json")],
-                            stdout=open(base / "out.txt", "w"), stderr=open(base / "err.txt", "w"),
-                            env={**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    # Through the one launcher (the OS sandbox, the scrubbed environment, which also sets
+    # TORCHINDUCTOR_COMPILE_THREADS=1: parallelism comes from the workers, not pools inside each).
+    return sandbox.popen([sys.executable, "-m", "tilesmith.search.relower_worker", str(base / "spec.json")],
+                         sandbox.Spec(scratch=str(base), readable=[str(graph_dir)]),
+                         stdout=open(base / "out.txt", "w"), stderr=open(base / "err.txt", "w"))
 
 
 def _finish(v: Variant, p: subprocess.Popen, base: Path, timeout_s: float) -> Lowered:
     if p.poll() is None:
-        p.kill()
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # the whole sandbox: its stage and the worker under it
+        except ProcessLookupError:
+            pass
         p.wait()
         return Lowered(v, None, f"compile stopped after {timeout_s:.0f} s or at the time limit")
     lines = [ln for ln in (base / "out.txt").read_text().splitlines() if ln.startswith("{")]

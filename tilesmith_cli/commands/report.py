@@ -78,6 +78,10 @@ def _render(r) -> None:
         out.print(f"[dim]{p.note}[/dim]", markup=True)
     accepted = sum(c.accepted for c in r.candidates)
     out.print(f"candidates judged: {len(r.candidates)}, accepted: {accepted}")
+    levels = sorted({c.sandbox or "unrecorded" for c in r.candidates})
+    if levels:
+        out.print("sandbox: " + ", ".join(f"{lv} ({sum((c.sandbox or 'unrecorded') == lv for c in r.candidates)})"
+                                          for lv in levels))
 
 
 def _elig(g) -> str:

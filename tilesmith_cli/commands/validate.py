@@ -88,5 +88,6 @@ def _render(v) -> None:
     head = "[green]ACCEPTED[/green]" if v.accepted else f"[red]REJECTED[/red] at {v.stage}"
     console.out.print(f"{head} ({v.wall_s:.1f} s; candidate sha256 {v.candidate_sha256[:12]}, graph {v.graph_key[:12]})",
                       markup=True)
+    console.out.print(f"sandbox: {v.sandbox or 'unrecorded'}", markup=False)
     for r in v.reasons:
         console.out.print(f"  {r.code}: {r.message}", markup=False)

@@ -76,12 +76,27 @@ class BudgetMiddleware(AgentMiddleware):
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
         if not self.budget.try_acquire(_agent_name()):
             return self._blocked()
-        return handler(request)
+        return handler(redacted(request))
 
     async def awrap_model_call(self, request: ModelRequest, handler) -> Any:
         if not self.budget.try_acquire(_agent_name()):
             return self._blocked()
-        return await handler(request)
+        return await handler(redacted(request))
+
+
+def redacted(request: ModelRequest) -> ModelRequest:
+    """The request with known secret values removed from every message (tilesmith.sandbox.redact): the
+    last line of defence, in every agent's stack, before anything reaches the model."""
+    from tilesmith.sandbox import redact_obj, secret_values
+
+    if not secret_values():
+        return request
+    msgs = [m.model_copy(update={"content": redact_obj(m.content)}) for m in request.messages]
+    sys_msg = getattr(request, "system_message", None)
+    if sys_msg is not None:
+        return request.override(messages=msgs, system_message=sys_msg.model_copy(
+            update={"content": redact_obj(sys_msg.content)}))
+    return request.override(messages=msgs)
 
 
 class SummaryBudgetCallback(BaseCallbackHandler):
@@ -93,5 +108,7 @@ class SummaryBudgetCallback(BaseCallbackHandler):
         self.budget = budget
 
     def on_chat_model_start(self, serialized, messages, *, metadata=None, **kw):
+        # (The summarizer's input is the agents' message history: tool results were redacted at their
+        # source, the shell and the host tools, before they entered it.)
         if (metadata or {}).get("lc_source") == "summarization" and not self.budget.try_acquire("summarization"):
             raise BudgetExhausted(f"the model-call budget of {self.budget.limit} is spent (summary call)")

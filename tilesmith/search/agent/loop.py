@@ -33,6 +33,7 @@ from tilesmith.errors import TilesmithError
 from tilesmith.search.agent.budget import BLOCKED_PREFIX, BudgetExhausted, ModelCallBudget, SummaryBudgetCallback
 from tilesmith.search.agent.provider import Provider
 from tilesmith.search import Candidate
+from tilesmith.sandbox import redact
 from tilesmith.workspace import write_json
 
 RECURSION_LIMIT = 10**9  # no hidden step cap, inside a turn or across turns: the budget is the bound
@@ -281,7 +282,7 @@ def _error_reason(e: Exception, p: Provider) -> str:
 
 def _log(host: Host, node: str, turn: int, **fields) -> None:
     with (host.state.track.profiles / "loop.jsonl").open("a") as f:
-        f.write(json.dumps({"t": runs.now_iso(), "node": node, "turn": turn, **fields}) + "\n")
+        f.write(redact(json.dumps({"t": runs.now_iso(), "node": node, "turn": turn, **fields})) + "\n")
 
 
 def _save_trace(track, turn, loop, state, budget, used_before, trace, msg, final, error, changed, judged=None) -> None:

@@ -1,6 +1,6 @@
 """The agent's files and shell: a backend fenced to the track folder whose `execute` runs in that
-folder with only the variables we pass (never the parent's: no API keys), kills the whole process
-group on timeout, and caps its output."""
+folder, in the OS sandbox, with only the variables we pass (never the parent's: no API keys), kills
+the whole process group on timeout, caps its output and redacts known secret values from it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from pathlib import Path
 
 from deepagents.backends import LocalShellBackend
 from deepagents.backends.protocol import ExecuteResponse
+
+from tilesmith import sandbox
 
 # Variables the shell may inherit: what running Python/Triton/CUDA needs, nothing that can carry a secret.
 PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "LANG", "LC_ALL",
@@ -66,8 +68,15 @@ class GroupKillShellBackend(LocalShellBackend):
 
     def _execute(self, command: str, timeout: int | None) -> ExecuteResponse:
         limit_s = timeout if timeout is not None else self._default_timeout
-        proc = subprocess.Popen(command, shell=True, cwd=str(self.cwd), env=self._env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        # In the OS sandbox (tilesmith.sandbox): the track folder is the only writable place, no network,
+        # no view of other processes (the parent's /proc/PID/environ included), home and workspace hidden.
+        # The captured graph stays readable (read-only): the shipped kernel harness loads it.
+        graph = self._env.get("TILESMITH_GRAPH_DIR")
+        spec = sandbox.Spec(scratch=str(Path(self.cwd) / "scratch"), writable=[str(self.cwd)],
+                            readable=[graph] if graph else [])
+        Path(spec.scratch).mkdir(parents=True, exist_ok=True)
+        proc = sandbox.popen(["/bin/sh", "-c", command], spec, self._env, cwd=str(self.cwd), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         timed_out = False
         try:
             raw, _ = proc.communicate(timeout=limit_s)
@@ -84,7 +93,7 @@ class GroupKillShellBackend(LocalShellBackend):
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        out = (raw or b"").decode("utf-8", "replace")
+        out = sandbox.redact((raw or b"").decode("utf-8", "replace"))  # defence in depth: no known secret leaves
         cap = self._max_output_bytes
         truncated = len(out.encode()) > cap
         if truncated:  # keep the end: errors and results are printed last

@@ -100,7 +100,23 @@ def make_tools(state, settings) -> list:
 
     for t in (evaluate, profile):
         t.handle_tool_error = True
-    return [evaluate, profile] + make_inner_tools(state, settings)
+    tools = [evaluate, profile] + make_inner_tools(state, settings)
+    for t in tools:  # every tool result goes to the model: known secret values never do
+        t.func = _redacting(t.func)
+    return tools
+
+
+def _redacting(fn):
+    import functools
+
+    from tilesmith.sandbox import redact
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        return redact(out) if isinstance(out, str) else out
+
+    return run
 
 
 WEB_SEARCH = {

@@ -1,0 +1,67 @@
+"""The gate's second line on CUDA (run on the GPU machine): workers run in the OS sandbox with CUDA usable
+inside, and the outputs of timed calls are checked in launch mode and in CUDA-graph replay, with the
+static screen switched off so that only the dynamic defences act (tests/redteam.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests import gate_helpers as h  # noqa: E402
+from tests import redteam  # noqa: E402
+from tests.conftest import EXAMPLES, run_capture_subprocess  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture(scope="module")
+def cuda_graph(tmp_path_factory, inductor_cache) -> Path:
+    ws = tmp_path_factory.mktemp("ws-cuda-redteam") / "ws"
+    p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--device", "cuda", "--steps", "3")
+    assert p.returncode == 0, p.stderr
+    return h.graph_of(ws)
+
+
+def test_gpu_sandbox_has_namespaces_and_cuda_works_inside(tmp_path):
+    from tilesmith import sandbox
+
+    assert sandbox.level() == "namespaces"
+    code = ("import os, torch; x = torch.ones(1024, device='cuda'); torch.cuda.synchronize(); "
+            "print(int(x.sum().item()), len([p for p in os.listdir('/proc') if p.isdigit()]))")
+    p = subprocess.run(sandbox.wrap([sys.executable, "-c", code], sandbox.Spec(scratch=str(tmp_path))),
+                       capture_output=True, text=True, timeout=300, env=sandbox.scrubbed_env(tmp_path), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    total, procs = map(int, p.stdout.split())
+    assert total == 1024 and procs <= 3
+
+
+@pytest.mark.parametrize("mode", ["launch", "graph"])
+@pytest.mark.parametrize("maker", [redteam.stale_after_n_on_the_runner, redteam.degrades_every_kth_call],
+                         ids=["stale-after-n", "degrades-every-3rd"])
+def test_gpu_gate_checks_outputs_inside_the_timed_stream(cuda_graph, tmp_path, monkeypatch, mode, maker):
+    from tilesmith.gate import Policy, judge, static
+
+    text = maker((cuda_graph / "wrapper.py").read_text())
+    assert static.screen(text) == []
+    monkeypatch.setattr(static, "screen", lambda t: [])
+    cand = tmp_path / "candidate.py"
+    cand.write_text(text)
+    v = judge(cuda_graph, cand, Policy(mode=mode, time_budget_s=4.0))
+    assert v.sandbox == "namespaces"
+    assert not v.accepted and v.codes == ["wrong-values-in-timing"] and v.stage == "timing", v.reasons
+
+
+def test_gpu_gate_still_accepts_a_real_win_with_checked_timed_calls(cuda_graph, tmp_path):
+    from tilesmith.gate import Policy, judge
+
+    slow = h.slowed_graph_copy(cuda_graph, tmp_path / "slow", reps=40)
+    cand = tmp_path / "candidate.py"
+    cand.write_text((cuda_graph / "wrapper.py").read_text())
+    v = judge(slow, cand, Policy(time_budget_s=8.0))
+    assert v.accepted, v.reasons
+    assert v.first.timing.checked_calls >= 2 and v.confirmation.timing.checked_calls >= 2

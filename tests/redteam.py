@@ -1,0 +1,109 @@
+"""The gate's own red team: cheats written so that the static screen (tilesmith.gate.static) has nothing
+to flag, made by editing the captured inference example's wrapper (tests/test_gate_redteam.py) or any
+single-output CPU/CUDA wrapper whose `call` starts with `args.clear()` (tests/gpu/test_gate_redteam_gpu.py).
+Only the dynamic defences can stop these: the outputs checked inside the timed stream, the original timed
+in its own worker, the process-state fingerprint, fresh input values every round, the OS sandbox.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tests.gate_helpers import _after_clear, _before_return, _return_name
+
+
+def stale_after_n_on_the_runner(text: str, n: int = 16) -> str:
+    """Right for its first n calls (correctness runs in those), then a clone of its last output, kept
+    on the Runner object (`self.partitions`, a list Inductor's Runner already has)."""
+    name = _return_name(text)
+    text = _after_clear(text, f"if len(self.partitions) > {n}:\n    return (self.partitions[-1].clone(), )")
+    return _before_return(text, f"self.partitions.append({name})")
+
+
+def stale_after_n_in_a_closure(text: str, n: int = 16) -> str:
+    """The same, with the kept tensors in a closure's list (no module-level container, no `nonlocal`)."""
+    name = _return_name(text)
+    text = text.replace("\nclass Runner:", f"""
+def _make_stash():
+    box = []
+
+    def stash(t=None):
+        if t is None:
+            return box[0].clone() if len(box) > {n} else None
+        box.append(t)
+        return t
+    return stash
+
+
+_stash = _make_stash()
+
+class Runner:""", 1)
+    text = _after_clear(text, "_old = _stash()\nif _old is not None:\n    return (_old, )")
+    return _before_return(text, f"{name} = _stash({name})")
+
+
+def degrades_every_kth_call(text: str, k: int = 3, after: int = 16) -> str:
+    """Past its first `after` calls, every k-th call skips the work and returns zeros of the right layout
+    (the layout of its first output, kept in `self.partitions[0]`)."""
+    name = _return_name(text)
+    text = _after_clear(text, f"self.partitions.append(None)\n"
+                              f"if len(self.partitions) > {after} and len(self.partitions) % {k} == 0:\n"
+                              f"    return (torch.zeros_like(self.partitions[0]), )")
+    return _before_return(text, f"self.partitions[0] = {name}")
+
+
+def starves_what_runs_after_it(text: str) -> str:
+    """The original itself, except that each call takes more threads while it runs and leaves the
+    process with one thread: code timed after it in the same process (the original, before this
+    release of the gate) runs starved."""
+    name = _return_name(text)
+    text = _after_clear(text, "torch.set_num_threads(4)")
+    return _before_return(text, f"torch.set_num_threads(1)\n_unused = {name}")
+
+
+def remembers_outputs_by_input_content(text: str) -> str:
+    """Memoises its outputs keyed on the sum of its inputs' values: right whenever values repeat, so it is
+    fast only where timed calls see values they saw before (the rotating buffers of an older gate)."""
+    names = re.search(r"^        (\w+(?:, \w+)*) = args$", text, re.M).group(1).split(", ")
+    name = _return_name(text)
+    probe = " + ".join(f"float({a}.sum())" for a in names)
+    text = _after_clear(text, f"_probe = {probe}\nfor _k, _v in self.partitions:\n"
+                              "    if _k == _probe:\n        return (_v, )")
+    return _before_return(text, f"self.partitions.append((_probe, {name}))")
+
+
+def escapes(text: str, leak_dir: str, secret_file: str, workspace_file: str, url: str) -> str:
+    """The original, plus an import-time attempt at everything the sandbox forbids, through library calls
+    the screen does not know (numpy file I/O, torch.hub's downloader): read the parent process's
+    environment (/proc/<ppid>/environ), a file holding a secret, the workspace's captured metadata;
+    write what it read outside its scratch folder; fetch a URL on the host's loopback."""
+    return text.replace("\nclass Runner:", f'''
+import numpy as np
+
+
+def _read(path):
+    try:
+        return bytes(np.fromfile(path, dtype=np.uint8))
+    except Exception as e:
+        return repr(e).encode()
+
+
+def _escape():
+    stat = _read("/proc/self/stat").decode(errors="replace")
+    ppid = stat.rsplit(")", 1)[-1].split()[1] if ")" in stat else "1"
+    got = {{"environ": _read("/proc/" + ppid + "/environ"), "secret": _read({secret_file!r}),
+           "workspace": _read({workspace_file!r}), "procs": _read("/proc/1/cmdline")}}
+    for name, data in got.items():
+        try:
+            np.frombuffer(data or b"-", dtype=np.uint8).tofile({leak_dir!r} + "/" + name)
+        except Exception:
+            pass
+    try:
+        torch.hub.download_url_to_file({url!r}, {leak_dir!r} + "/download", progress=False)
+    except Exception:
+        pass
+
+
+_escape()
+
+class Runner:''', 1)

@@ -1,0 +1,131 @@
+"""The gate's second line against its own red team (tests/redteam.py): every cheat passes the static
+screen (asserted), and is then judged with the screen switched off, so that only the dynamic defences
+act: outputs checked inside the timed stream, the original timed in its own worker, the process-state
+fingerprint, fresh input values every round, and the OS sandbox."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests import gate_helpers as h
+from tests import redteam
+from tilesmith import sandbox
+from tilesmith.gate import Policy, judge, static
+
+KEY = "sk-redteam-" + "7" * 24
+
+
+@pytest.fixture(scope="module")
+def inf_graph(inference_ws) -> Path:
+    return h.graph_of(inference_ws)
+
+
+@pytest.fixture
+def screen_off(monkeypatch):
+    monkeypatch.setattr(static, "screen", lambda text: [])  # judge() looks it up at each call
+
+
+def _judge(graph: Path, text: str, tmp_path: Path, **kw):
+    assert static.screen.__name__ == "<lambda>"  # the screen is off: only the dynamic defences act
+    cand = tmp_path / "candidate.py"
+    cand.write_text(text)
+    return judge(graph, cand, Policy(**{"seed": 0, "time_budget_s": 4.0, **kw}))
+
+
+CHEATS = [
+    (redteam.stale_after_n_on_the_runner, "wrong-values-in-timing", "timing"),
+    (redteam.stale_after_n_in_a_closure, "wrong-values-in-timing", "timing"),
+    (redteam.degrades_every_kth_call, "wrong-values-in-timing", "timing"),
+    (redteam.starves_what_runs_after_it, "process-state", "correctness"),
+]
+
+
+def test_every_red_team_cheat_passes_the_static_screen(inf_graph, tmp_path):
+    text = (inf_graph / "wrapper.py").read_text()
+    made = [m(text) for m, _, _ in CHEATS] + [redteam.remembers_outputs_by_input_content(text),
+                                              redteam.escapes(text, "/tmp", "/x", "/y", "http://127.0.0.1:9/")]
+    assert [static.screen(t) for t in made] == [[]] * len(made)
+
+
+@pytest.mark.parametrize("maker,code,stage", CHEATS, ids=[m.__name__ for m, _, _ in CHEATS])
+def test_gate_rejects_a_cheat_the_screen_missed_for_the_right_reason(inf_graph, tmp_path, screen_off, monkeypatch,
+                                                                     maker, code, stage):
+    # Workers start with two threads here, so a call that leaves the process with one changes its state.
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    v = _judge(inf_graph, maker((inf_graph / "wrapper.py").read_text()), tmp_path)
+    assert not v.accepted
+    assert v.codes == [code] and v.stage == stage, v.reasons
+
+
+def test_a_cache_keyed_on_input_values_gains_nothing_because_every_timed_call_sees_new_values(
+        inf_graph, tmp_path, screen_off, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    v = _judge(inf_graph, redteam.remembers_outputs_by_input_content((inf_graph / "wrapper.py").read_text()), tmp_path,
+               confirm=False)
+    assert not v.accepted and v.codes == ["not-faster"], v.reasons
+    assert v.first.timing.speedup < 1.2 and v.first.timing.checked_calls >= 2  # computed every call, checked
+
+
+class _Hits(http.server.BaseHTTPRequestHandler):
+    hits: list = []
+
+    def do_GET(self):
+        _Hits.hits.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"exfiltrated")
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.mark.skipif(sandbox.level() != "namespaces", reason="needs user namespaces (the env-only level cannot "
+                                                                 "stop file and network access)")
+def test_sandboxed_candidate_cannot_read_secrets_or_the_workspace_write_outside_scratch_or_reach_the_network(
+        inf_graph, tmp_path):
+    """Judged in a deciding process started with the provider key in its environment, as a user's
+    shell would start it: the candidate reads /proc/<parent>/environ, a secret file, the workspace's
+    metadata, writes what it got next to the test, and downloads from a server on the host's loopback."""
+    leak = tmp_path / "leak"
+    leak.mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_text(KEY)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hits)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/steal"
+    cand = tmp_path / "escape.py"
+    cand.write_text(redteam.escapes((inf_graph / "wrapper.py").read_text(), str(leak), str(secret),
+                                    str(inf_graph.parent.parent / "workspace.toml"), url))
+    code = ("import sys; from tilesmith.gate import Policy, judge, static; static.screen = lambda text: []; "
+            "v = judge(sys.argv[1], sys.argv[2], Policy(time_budget_s=1.0, confirm=False)); "
+            "print(v.sandbox, v.stage, ','.join(v.codes))")
+    try:
+        p = subprocess.run([sys.executable, "-c", code, str(inf_graph), str(cand)], capture_output=True, text=True,
+                           timeout=600, env={**os.environ, "OPENAI_API_KEY": KEY, "OMP_NUM_THREADS": "1"})
+    finally:
+        server.shutdown()
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[:2] == ["namespaces", "timing"], p.stdout  # it ran (and was timed) in the sandbox
+    assert list(leak.iterdir()) == [] and _Hits.hits == []
+    assert KEY not in p.stdout + p.stderr
+
+
+def test_sandbox_level_can_be_forced_to_env_only_and_a_bad_setting_is_a_usage_error(monkeypatch, tmp_path):
+    from tilesmith.errors import TilesmithError
+
+    monkeypatch.setenv("TILESMITH_SANDBOX", "off")
+    assert sandbox.level() == "env-only"
+    assert sandbox.wrap(["true"], sandbox.Spec(scratch=str(tmp_path))) == ["true"]  # the command runs as it is
+    monkeypatch.setenv("TILESMITH_SANDBOX", "sometimes")
+    with pytest.raises(TilesmithError, match="TILESMITH_SANDBOX") as e:
+        sandbox.level()
+    assert e.value.code == "usage"
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    assert sandbox.redact(f"key={KEY}.") == "key=[REDACTED]." and sandbox.redact_obj({"a": [KEY]}) == {"a": ["[REDACTED]"]}

@@ -1,0 +1,260 @@
+"""The one launcher for every process tilesmith starts that runs code it did not write (gate workers, the
+tuner's screening worker, the profile worker, replay, the agent's shell): a scrubbed environment and,
+on Linux, an OS sandbox; plus the redaction of known secret values from anything sent or written.
+
+The sandbox is the `unshare` tool (new user, PID, mount and network namespaces) followed by this module
+run as a stage (`python -m tilesmith.sandbox SPEC -- ARGV`) that, inside the new namespaces, forks the
+command as the PID namespace's first process, mounts a private /proc (only the sandbox's processes),
+hides the user's home, TILESMITH_HOME, the system temp folder and any other hidden folders behind empty
+private file systems, binds back what the command must read (the interpreter, its packages, the graph
+folder) read-only and its scratch folder read-write, gives the compile caches a private writable layer
+(overlay: reads hit the shared cache, writes stay in scratch), and makes every other mount read-only.
+No network: the new network namespace has only a loopback device that is down.
+
+TILESMITH_SANDBOX=auto (default) uses namespaces where they work and otherwise the scrubbed environment
+alone with one warning; `require` refuses to run without them; `off` forces the environment-only level.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LEVELS = ("namespaces", "env-only")
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT", re.I)
+_MIN_SECRET_CHARS = 8  # shorter values ("1", "true") would redact ordinary text
+
+
+# -- secrets ---------------------------------------------------------------------------------------
+
+def secret_values(environ=None) -> list[str]:
+    """Values of this process's environment variables whose names look secret, longest first."""
+    env = os.environ if environ is None else environ
+    vals = {v for k, v in env.items() if _SECRET.search(k) and len(v.strip()) >= _MIN_SECRET_CHARS}
+    return sorted(vals, key=len, reverse=True)
+
+
+def redact(text):
+    """`text` with every known secret value replaced by [REDACTED]; non-strings pass through."""
+    if not isinstance(text, str) or not text:
+        return text
+    for v in secret_values():
+        if v in text:
+            text = text.replace(v, "[REDACTED]")
+    return text
+
+
+def redact_obj(obj):
+    """Redact every string inside a JSON-like object (dicts, lists, strings)."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {k: redact_obj(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_obj(v) for v in obj]
+    return obj
+
+
+# -- environment -----------------------------------------------------------------------------------
+
+def shared_caches() -> dict[str, str]:
+    """The compile caches a worker reads (kernels the user's run compiled): Inductor's and Triton's."""
+    try:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except Exception:
+        user = f"uid_{os.getuid()}"
+    default_dir = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
+    return {"TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_dir,
+            "TILESMITH_INDUCTOR_DEFAULT_DIR": default_dir,
+            "TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR")
+            or os.path.join(os.path.expanduser("~"), ".triton", "cache")}
+
+
+def scrubbed_env(tmp: Path) -> dict:
+    """The parent's environment minus secrets, with its own HOME/TMPDIR and the compile caches kept warm."""
+    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k)}
+    caches = shared_caches()
+    env["TORCHINDUCTOR_CACHE_DIR"] = caches["TORCHINDUCTOR_CACHE_DIR"]
+    # Inductor keeps precompiled C++ headers under the *temp* dir's default cache, whatever
+    # TORCHINDUCTOR_CACHE_DIR says; the worker points there so it does not rebuild them (seconds each).
+    env["TILESMITH_GATE_HEADER_DIR"] = os.path.join(caches["TILESMITH_INDUCTOR_DEFAULT_DIR"], "precompiled_headers")
+    env["TRITON_CACHE_DIR"] = caches["TRITON_CACHE_DIR"]
+    for d in ("home", "tmp"):
+        (tmp / d).mkdir(parents=True, exist_ok=True)
+    env.update(HOME=str(tmp / "home"), TMPDIR=str(tmp / "tmp"), TILESMITH_HOME=str(tmp / "home" / "tilesmith"),
+               TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
+    env.pop("TILESMITH_DEBUG", None)
+    return env
+
+
+# -- the sandbox -----------------------------------------------------------------------------------
+
+@dataclass
+class Spec:
+    """What one sandboxed command may see: paths are absolute, in the parent's view."""
+
+    scratch: str  # read-write, the command's own folder
+    readable: list[str] = field(default_factory=list)  # bound back read-only (e.g. the graph folder)
+    writable: list[str] = field(default_factory=list)  # bound back read-write (the agent's track folder)
+    hidden: list[str] = field(default_factory=list)  # beyond home, TILESMITH_HOME and the temp folder
+    caches: list[str] = field(default_factory=list)  # shared caches given a private writable layer
+    private_tmp: list[str] = field(default_factory=list)  # hidden, yet writable: private, empty, discarded
+
+
+_LEVEL: dict = {}
+
+
+def mode() -> str:
+    m = os.environ.get("TILESMITH_SANDBOX", "auto").strip().lower() or "auto"
+    if m not in ("auto", "off", "require"):
+        from tilesmith.errors import TilesmithError
+
+        raise TilesmithError(f"TILESMITH_SANDBOX={m!r} is not one of auto, off, require", code="usage",
+                             hint="unset it, or set it to auto, off or require")
+    return m
+
+
+def level() -> str:
+    """The sandbox level commands start with now: 'namespaces' or 'env-only' (probed once per process)."""
+    m = mode()
+    if m == "off":
+        return "env-only"
+    if "probe" not in _LEVEL:
+        _LEVEL["probe"] = _probe()
+    ok, why = _LEVEL["probe"]
+    if ok:
+        return "namespaces"
+    if m == "require":
+        from tilesmith.errors import TilesmithError
+
+        raise TilesmithError(f"the OS sandbox is not available: {why}", code="no-sandbox",
+                             hint="set TILESMITH_SANDBOX=auto to run with the scrubbed environment only")
+    if not _LEVEL.get("warned"):
+        _LEVEL["warned"] = True
+        warnings.warn(f"tilesmith: no OS sandbox ({why}); workers run with a scrubbed environment only "
+                      "(sandbox: env-only)", RuntimeWarning, stacklevel=2)
+    return "env-only"
+
+
+def _probe() -> tuple[bool, str]:
+    if not sys.platform.startswith("linux") or not shutil.which("unshare"):
+        return False, "needs Linux and the `unshare` tool"
+    tmp = Path(tempfile.mkdtemp(prefix="tilesmith-sandbox-probe-"))
+    try:
+        argv = wrap([sys.executable, "-c", "import os; print(len([p for p in os.listdir('/proc') if p.isdigit()]))"],
+                    Spec(scratch=str(tmp)), force=True)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=scrubbed_env(tmp), cwd=tmp)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"unshare failed: {e}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if p.returncode != 0 or p.stdout.strip() != "1":
+        tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-2:])
+        return False, f"unshare failed (exit {p.returncode}): {tail[:300]}"
+    return True, ""
+
+
+def wrap(argv: list[str], spec: Spec, force: bool = False) -> list[str]:
+    """argv run inside the sandbox described by spec (or argv itself at the env-only level)."""
+    if not force and level() != "namespaces":
+        return list(argv)
+    base = [os.path.realpath(p) for p in _default_hidden()]
+    full = Spec(scratch=os.path.realpath(spec.scratch), readable=_needed_paths() + [os.path.realpath(p) for p in spec.readable],
+                writable=[os.path.realpath(p) for p in spec.writable],
+                hidden=base + [os.path.realpath(p) for p in spec.hidden],
+                caches=[os.path.realpath(p) for p in (spec.caches or _cache_dirs())],
+                private_tmp=[os.path.realpath(p) for p in (tempfile.gettempdir(), "/dev/shm")])
+    for c in full.caches:
+        os.makedirs(c, exist_ok=True)  # a cache made inside the sandbox would be lost, and a hidden one unwritable
+    return ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--propagation", "private", "--",
+            sys.executable, "-S", "-I", str(Path(__file__).with_name("sandbox_stage.py")), json.dumps(full.__dict__),
+            "--", *argv]
+
+
+def _default_hidden() -> list[str]:
+    from tilesmith.paths import home as tilesmith_home
+
+    out = [os.path.expanduser("~"), tempfile.gettempdir(), "/dev/shm"]
+    try:
+        out.append(str(tilesmith_home()))
+    except Exception:
+        pass
+    return [p for p in out if os.path.isdir(p)]
+
+
+def _cache_dirs() -> list[str]:
+    c = shared_caches()
+    return list(dict.fromkeys([c["TORCHINDUCTOR_CACHE_DIR"], c["TILESMITH_INDUCTOR_DEFAULT_DIR"], c["TRITON_CACHE_DIR"]]))
+
+
+def _needed_paths() -> list[str]:
+    """What the interpreter and its packages live in: bound back read-only where a hidden folder covers them."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    paths.update(p for p in sys.path if p and os.path.isdir(p))
+    paths.update(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p))
+    return sorted(os.path.realpath(p) for p in paths)
+
+
+# -- starting commands -----------------------------------------------------------------------------
+
+def popen(argv: list[str], spec: Spec, env: dict | None = None, **kw) -> subprocess.Popen:
+    """Start argv in the sandbox, in its scratch folder, with `env` (default: the scrubbed environment)."""
+    scratch = Path(spec.scratch)
+    env = scrubbed_env(scratch) if env is None else env
+    kw.setdefault("cwd", scratch)
+    return subprocess.Popen(wrap(argv, spec), env=env, start_new_session=True, **kw)
+
+
+@dataclass
+class Result:
+    returncode: int | None  # None: killed at the timeout
+    reply: dict | None  # the last line of stdout that parses as a JSON object
+    tail: str  # the last lines of stderr (else stdout), redacted, for error messages
+    level: str  # the sandbox level it ran at
+
+
+def run_json(argv: list[str], spec: Spec, timeout_s: float, env_extra: dict | None = None) -> Result:
+    """Run a worker that prints its answer as one JSON line last: "start a worker, parse its last JSON line"."""
+    lvl = level()
+    env = {**scrubbed_env(Path(spec.scratch)), **(env_extra or {})}
+    p = popen(argv, spec, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(p)
+        return Result(None, None, f"killed after {timeout_s:.0f} s", lvl)
+    _kill_group(p)  # anything it left running goes too
+    reply = None
+    for line in reversed(out.splitlines()):
+        if line.startswith("{"):
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(reply, dict):
+                break
+            reply = None
+    tail = " | ".join((err or out).strip().splitlines()[-3:])
+    return Result(p.returncode, reply, redact(tail), lvl)
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        p.communicate(timeout=10)
+    except (subprocess.TimeoutExpired, ValueError):
+        pass

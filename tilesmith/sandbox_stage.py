@@ -1,0 +1,123 @@
+"""The sandbox's second stage (see tilesmith/sandbox.py), run by `unshare` in new user, mount, PID and
+network namespaces: `python -S -I sandbox_stage.py SPEC_JSON -- ARGV`. Standard library only, and run
+as a script, so it starts in milliseconds and imports nothing from the (writable) project.
+
+This process stays outside the new PID namespace (unshare without --fork): it dies with the process
+that started it and forks ARGV's process, the namespace's first process, which sets up the file system
+and execs ARGV. When that process ends, the kernel kills everything left in the namespace.
+"""
+
+import ctypes
+import json
+import os
+import signal
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
+MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
+_OPT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
+              "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+_SKIP = ("/proc", "/sys", "/dev")  # kernel file systems: /dev keeps the GPU's device nodes usable
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(src, dst, fstype, flags, data=None):
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    if _libc.mount(enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount {fstype or ''} {src} -> {dst}: {os.strerror(e)}")
+
+
+def _die_with_parent():
+    _libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
+def _under(path, roots):
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _overlay(cache, i, scratch):
+    """A private writable layer over a shared cache: reads hit the cache, writes land in scratch."""
+    base = os.path.join(scratch, ".sandbox", f"cache{i}")
+    dirs = [os.path.join(base, d) for d in ("upper", "work", "merged")]
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+    _mount("overlay", dirs[2], "overlay", 0, f"lowerdir={cache},upperdir={dirs[0]},workdir={dirs[1]}")
+    return dirs[2]
+
+
+def _setup(spec, cwd):
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this namespace's processes only
+    scratch = spec["scratch"]
+    keep = []  # (path, fd, writable): opened before anything is hidden, bound back afterwards
+    for p in spec["readable"]:
+        if os.path.exists(p):
+            keep.append((p, os.open(p, os.O_PATH), False))
+    for i, c in enumerate(spec["caches"]):
+        if os.path.isdir(c):
+            keep.append((c, os.open(_overlay(c, i, scratch), os.O_PATH), True))
+    for p in spec["writable"] + [scratch]:
+        if os.path.isdir(p):
+            keep.append((p, os.open(p, os.O_PATH), True))
+    for h in sorted(spec["hidden"], key=len):
+        if os.path.isdir(h) and not os.path.islink(h):
+            _mount("tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=64m")
+    for path, fd, _ in keep:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.makedirs(path, exist_ok=True)
+        elif not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "a").close()
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        os.close(fd)
+    rw = [p for p, _, w in keep if w]
+    private_tmp = [h for h in spec["hidden"] if h in (spec.get("private_tmp") or [])]
+    _read_only(set(rw), private_tmp)
+    os.chdir(cwd)  # through the new mounts: the old working directory handle sits on a read-only mount
+
+
+def _read_only(rw, private_tmp):
+    seen = set()
+    with open("/proc/self/mountinfo") as f:
+        rows = [line.split() for line in f]
+    for row in reversed(rows):  # top of each stack first; a path is remounted once
+        mp = row[4].replace("\\040", " ")
+        if mp in seen or mp in rw or mp in private_tmp or _under(mp, _SKIP):
+            seen.add(mp)
+            continue
+        seen.add(mp)
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for opt in row[5].split(","):
+            flags |= _OPT_FLAGS.get(opt, 0) & ~MS_RDONLY
+        try:
+            _mount(None, mp, None, flags)
+        except OSError as e:
+            if os.path.exists(mp):  # a mount we cannot make read-only: refuse to run the command
+                raise
+            del e
+
+
+def main(argv):
+    spec = json.loads(argv[1])
+    cmd = argv[argv.index("--") + 1:]
+    cwd = os.getcwd()
+    _die_with_parent()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _die_with_parent()
+            _setup(spec, cwd)
+            os.execvp(cmd[0], cmd)
+        except BaseException as e:
+            sys.stderr.write(f"tilesmith sandbox: {e}\n")
+            os._exit(97)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sys.exit(128 + os.WTERMSIG(status))
+    sys.exit(os.WEXITSTATUS(status))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
