@@ -179,12 +179,12 @@ def test_a_failed_check_keeps_a_file_from_the_gate_and_finish_ends_the_track(slo
 
 
 def test_the_tuner_runs_first_and_its_log_reaches_the_agent(slow_ws):
-    from tilesmith.optimize import _Track
+    from tilesmith.search import Track
     from tilesmith.profile import profile_graph
     from tilesmith.search.agent.optimizer import run_track
 
     (g,) = sorted((slow_ws / "graphs").iterdir())
-    track = _Track(runs.create_run({}, str(slow_ws), {}).name, g.name, g, None, threading.Event())
+    track = Track(runs.create_run({}, str(slow_ws), {}).name, g.name, g, None, threading.Event())
     track.profile = profile_graph(g)
     judged = []  # what reached the judging function (the driver's gate is not what this test is about)
     model = ScriptedChatModel(reply=Script([ai("", tc("finish", reason="the tuner did what launch parameters can")),

@@ -12,7 +12,7 @@ from tilesmith import loading
 from tilesmith.capture import repro
 from tilesmith.gate.static import screen
 from tilesmith.search import relower
-from tilesmith.search.tuner import Candidate
+from tilesmith.search import Candidate
 from tilesmith.workspace import load_graph_json
 
 

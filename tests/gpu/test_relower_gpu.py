@@ -56,7 +56,7 @@ def test_gpu_variants_lower_again_with_the_abi_or_say_why(ro_graph):
 def test_a_relowered_candidate_passes_the_gate_up_to_timing(ro_graph, tmp_path):
     from tilesmith.gate import Policy, judge
     from tilesmith.search import relower
-    from tilesmith.search.tuner import Candidate
+    from tilesmith.search import Candidate
 
     class Track:
         graph_dir, profile, records = ro_graph, None, []
