@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tests.fakes.chat import ai, first_human
+
 FIXTURE = Path(__file__).parent / "fixtures" / "slow_two_matmuls.py"
 
 
@@ -28,3 +30,21 @@ def all_extern(text: str) -> str:
 def reads_api_key(text: str) -> str:
     """A cheat the gate's static screen rejects: the candidate reads the environment."""
     return text + "\n_key = os.environ.get('OPENAI_API_KEY')\n"
+
+
+class Script:
+    """Main-agent steps in order (callables of the messages, or messages); subagent calls are answered
+    by `sub(messages)`. Main calls are sequential (the main agent waits on `task`), so one iterator works."""
+
+    def __init__(self, main: list, sub=None):
+        self.main, self.sub, self.seen = iter(main), sub, []
+
+    def __call__(self, messages, n):
+        if first_human(messages).startswith("SUBTASK"):
+            return self.sub(messages)
+        step = next(self.main, None)
+        if step is None:
+            return ai("nothing more to try")
+        msg = step(messages) if callable(step) else step
+        self.seen.append(msg)
+        return msg

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("deepagents")
 
 from tests import agent_helpers as H  # noqa: E402
+from tests.agent_helpers import Script  # noqa: E402
 from tests.fakes.chat import ScriptedChatModel, ai, first_human, tc, text  # noqa: E402
 from tilesmith import runs, store  # noqa: E402
 from tilesmith.optimize import OptimizeSettings, optimize  # noqa: E402
@@ -38,19 +39,6 @@ def _files(messages) -> list[str]:
     return re.findall(r"/attempts/turn_\d{3}_[a-h]\.py", human.split("This turn's attempt files:")[1].split("each a copy")[0])
 
 
-class Script:
-    """Main-agent steps in order; subagents (first message starting SUBTASK) answered by `sub`."""
-
-    def __init__(self, main: list, sub=None):
-        self.main, self.sub = iter(main), sub
-
-    def __call__(self, messages, n):
-        if first_human(messages).startswith("SUBTASK"):
-            return self.sub(messages)
-        step = next(self.main, None)
-        if step is None:
-            return ai("nothing more to try")
-        return step(messages) if callable(step) else step
 
 
 def _run(ws, name, script, **settings):

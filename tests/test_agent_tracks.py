@@ -13,7 +13,8 @@ pytest.importorskip("deepagents")
 
 from tests import agent_helpers as H  # noqa: E402
 from tests.conftest import captured_workspace  # noqa: E402
-from tests.fakes.chat import ScriptedChatModel, ai, first_human, tc, text  # noqa: E402
+from tests.agent_helpers import Script  # noqa: E402,F401 (tests/gpu imports it from here)
+from tests.fakes.chat import ScriptedChatModel, ai, tc, text  # noqa: E402
 from tilesmith import runs, store  # noqa: E402
 from tilesmith.optimize import OptimizeSettings, optimize  # noqa: E402
 from tilesmith.search.agent.provider import register_model  # noqa: E402
@@ -46,22 +47,6 @@ def last_tool_output(messages) -> str:
     return text(messages[-1]) if messages[-1].type == "tool" else ""
 
 
-class Script:
-    """Main-agent steps in order (callables of the messages, or messages); subagent calls are answered
-    by `sub(messages)`. Main calls are sequential (the main agent waits on `task`), so one iterator works."""
-
-    def __init__(self, main: list, sub=None):
-        self.main, self.sub, self.seen = iter(main), sub, []
-
-    def __call__(self, messages, n):
-        if first_human(messages).startswith("SUBTASK"):
-            return self.sub(messages)
-        step = next(self.main, None)
-        if step is None:
-            return ai("nothing more to try")
-        msg = step(messages) if callable(step) else step
-        self.seen.append(msg)
-        return msg
 
 
 def _run(ws, name, script, **settings):
