@@ -80,12 +80,12 @@ class Reference:
         from tilesmith.gate.proc import start_worker
 
         self.worker = start_worker("reference", ctx["scratch"], device, (gdir,), ctx.get("spares"))
-        # The worker that times the baseline (the original, or the best source so far): a worker of its own
-        # that loads that baseline and nothing else, never the reference worker, whose history (every
-        # correctness set, the float64 reference, the solo timing) the candidate's worker does not share.
-        # Neither worker of a timed pair then carries work the other never did: on the H200 an original
-        # timed in the reference worker against itself in a candidate worker once came out 1.37x apart.
-        self.timer = start_worker("timer", ctx["scratch"], device, (gdir,), ctx.get("spares"))
+        # The worker that times the baseline. The original: this one. Another baseline (the best source so
+        # far): a worker of its own that loads nothing else, so that neither worker of a timed pair carries
+        # the history of code the other never ran (an OpenMP pool the original grew, for one).
+        self.timer = self.worker
+        if ctx.get("timing_base"):
+            self.timer = start_worker("timer", ctx["scratch"], device, (gdir,), ctx.get("spares"))
         missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
         args = (gdir, missing, contents[next(iter(contents))], pair, ctx, quiet_first)
         self._thread = threading.Thread(target=self._run, args=args, daemon=True)
@@ -106,12 +106,11 @@ class Reference:
                 _REF_CACHE[self._keys[s]] = r
             if solo:
                 _SOLO_CACHE[self._solo_key] = solo
-            load = {"op": "load", "graph_dir": str(gdir), "device": ctx["device"], "baseline": True}
-            if ctx.get("timing_base"):
+            if self.timer is not self.worker:
                 best = self.timer.dir / "timing_baseline.py"
                 best.write_bytes(Path(ctx["timing_base"]).read_bytes())
-                load = {**load, "baseline": False, "best_file": str(best)}
-            self.timer.request(load, ctx["policy"].load_timeout_s)
+                self.timer.request({"op": "load", "graph_dir": str(gdir), "best_file": str(best), "device": ctx["device"]},
+                                   ctx["policy"].load_timeout_s)
         except BaseException as e:  # re-raised by get() in the deciding thread
             self.error = e
         finally:
