@@ -130,6 +130,8 @@ class _ScriptedTimingWorker:
         self.ratio, self.noise = ratio, noise
 
     def request(self, msg: dict, timeout_s: float) -> dict:
+        if msg["op"] != "time":  # `keep`: the parent's word on the last candidate sample
+            return {"ok": True}
         base = 200 if msg["role"] == "baseline" else 200 / self.ratio
         return {"ok": True, "ns": int(base * math.exp(self.rng.gauss(0, self.noise)))}
 

@@ -195,8 +195,8 @@ class _Clock:
 
 class _Prepared:
     """A candidate worker started early: in a background thread it finishes its imports (and CUDA context)
-    while the deciding thread does other work. It loads nothing before its candidate: the baseline is
-    timed in the reference worker, where candidate code never runs."""
+    while the deciding thread does other work. It loads nothing before its candidate but the baseline,
+    which is timed beside it as well as apart, in a worker where candidate code never runs."""
 
     def __init__(self, ctx: dict):
         from tilesmith.gate.proc import start_worker
@@ -263,8 +263,14 @@ def _load(ctx: dict, prep: _Prepared, key: str):
     clock.add(f"{key}.worker_imports", prep.startup_s or 0.0)  # inside the worker, overlapped with other work
     cand = w.dir / "candidate.py"  # in the worker's own folder: the only one its sandbox lets it see
     cand.write_bytes(ctx["cand"].read_bytes())
+    # The baseline is loaded here too, before the candidate, to be timed beside it (gate.timing.measure).
+    base = {"baseline": True}
+    if ctx["timing_base"] is not None:
+        best = w.dir / "timing_baseline.py"
+        best.write_bytes(ctx["timing_base"].read_bytes())
+        base = {"baseline_file": str(best)}
     with clock(f"{key}.load"):
-        w.request({"op": "load", "graph_dir": str(ctx["gdir"]), "candidate": str(cand), "device": ctx["device"]},
+        w.request({"op": "load", "graph_dir": str(ctx["gdir"]), "candidate": str(cand), "device": ctx["device"], **base},
                   ctx["policy"].load_timeout_s)
     return w
 
@@ -303,13 +309,13 @@ def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, othe
     from tilesmith.gate import timing
 
     policy, clock, mode = ctx["policy"], ctx["clock"], ctx["mode"]
-    ctx["note"]("timing", f"timing ({mode}), paired and interleaved, the original in its own worker")
+    ctx["note"]("timing", f"timing ({mode}), paired and interleaved, the original in its own worker and beside the candidate")
     reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / r["per_call_ns"])))
     ctx["buffers"] = timing.buffer_count(policy, reps, _input_bytes(contents[0][1]))
     with clock(f"{key}.timing_setup"):
         cpus = timing.shared_cpus()
-        for worker, role in ((ref.timer, ref.base_role), (w, "candidate")):
-            if cpus:
+        for worker, role in ((ref.timer, ref.base_role), (w, "candidate"), (w, "baseline")):
+            if cpus and role != "baseline":
                 worker.request({"op": "pin", "cpus": cpus}, policy.call_timeout_s)
             f = worker.dir / f"contents-{p.seed}.pt"
             save_sets(f, contents, torch)
@@ -325,7 +331,8 @@ def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, othe
         p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
                                                  len(contents), ctx["buffers"])
     if p.timing:
-        clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)) / 1e9)
+        clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)
+                                         + sum(p.timing.beside_ns)) / 1e9)
     if p.timing is None:
         return reasons
     with clock(f"{key}.timing_checks"):

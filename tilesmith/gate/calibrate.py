@@ -25,6 +25,8 @@ class TimingTrial:
     samples: int  # paired rounds this trial took before it stopped
     wall_s: float  # the trial's timing requests, parent's clock
     timed_s: float  # sum of the raw samples: time the device spent in timed calls
+    apart_speedup: float = 0.0  # against the baseline in its own worker
+    beside_speedup: float = 0.0  # against the baseline in the candidate's worker
 
 
 @dataclass
@@ -73,7 +75,11 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
                     "device": device}, policy.load_timeout_s)
         cand = wc.dir / "candidate.py"
         cand.write_bytes(Path(candidate_path).read_bytes())
-        wc.request({"op": "load", "graph_dir": str(gdir), "candidate": str(cand), "device": device},
+        beside = {"baseline": True}  # as in the gate: the baseline is timed beside the candidate too
+        if baseline_path:
+            (wc.dir / "baseline.py").write_bytes(Path(baseline_path).read_bytes())
+            beside = {"baseline_file": str(wc.dir / "baseline.py")}
+        wc.request({"op": "load", "graph_dir": str(gdir), "candidate": str(cand), "device": device, **beside},
                    policy.load_timeout_s)
         for w in (wb, wc) if timing.shared_cpus() else ():  # as the gate does before timing
             w.request({"op": "pin", "cpus": timing.shared_cpus()}, policy.call_timeout_s)
@@ -85,7 +91,7 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
         reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / per_call_ns)))  # as the gate sizes them
         buffers = timing.buffer_count(policy, reps, sum(x.untyped_storage().nbytes() for x in contents[0][1]
                                                         if isinstance(x, torch.Tensor)))
-        for w, role in ((wb, base_role), (wc, "candidate")):
+        for w, role in ((wb, base_role), (wc, "candidate"), (wc, "baseline")):
             f = w.dir / "contents.pt"
             save_sets(f, contents, torch)
             w.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": mode,
@@ -101,7 +107,8 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
                 raise RuntimeError(f"timing trial {i} failed: {reasons}")
             wc.request({"op": "checks", "out_file": str(wc.dir / "checks.pt")}, policy.call_timeout_s)  # drop them
             trial = TimingTrial(not reasons, t.speedup, t.speedup_low, t.samples, time.monotonic() - w0,
-                                (sum(t.baseline_ns) + sum(t.candidate_ns)) / 1e9)
+                                (sum(t.baseline_ns) + sum(t.candidate_ns) + sum(t.beside_ns)) / 1e9,
+                                t.apart_speedup, t.beside_speedup)
             out.trials.append(trial)
             if on_trial:
                 on_trial(i, trial)

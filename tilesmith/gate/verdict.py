@@ -91,6 +91,15 @@ class Timing:
     baseline_ns: list[int] = field(default_factory=list)  # raw per-sample totals, nanoseconds
     candidate_ns: list[int] = field(default_factory=list)
     checked_calls: int = 0  # timed calls whose outputs were compared with the original's (parent-chosen)
+    # The two comparisons behind speedup (the one with the lower bound is reported above): the baseline
+    # timed "apart", in a worker where candidate code never ran, and "beside", in the candidate's own
+    # worker. Apart, no candidate can slow the baseline down; beside, no difference between two processes
+    # (memory layout, thread placement: several % on a busy machine) can pass for a speedup. Both must clear.
+    apart_speedup: float = 0.0
+    apart_low: float = 0.0
+    beside_speedup: float = 0.0
+    beside_low: float = 0.0
+    beside_ns: list[int] = field(default_factory=list)  # raw totals of the baseline in the candidate's worker
 
 
 @dataclass
@@ -154,4 +163,5 @@ def compact_verdict(vd: dict) -> dict:
         if t:
             t.pop("baseline_ns", None)
             t.pop("candidate_ns", None)
+            t.pop("beside_ns", None)
     return out
