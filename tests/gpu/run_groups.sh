@@ -15,15 +15,16 @@ group() {  # name, test files...
         --durations=15 --junitxml="$OUT/gpu-tests-$name.xml" "$@" > "$OUT/$name.log" 2>&1
      echo "rc=$?" >> "$OUT/$name.log") &
 }
-# TEST_GROUPS picks which run (default: all four side by side). Under that load the four no longer fit
+# TEST_GROUPS picks which run (default: gate, runtime, capture, agent side by side). Under that load the four no longer fit
 # one 10-minute call on an H200: run TEST_GROUPS="gate runtime" and TEST_GROUPS="capture agent" as two calls.
 for name in ${TEST_GROUPS:-gate runtime capture agent}; do
     case $name in
-        gate) group gate tests/gpu/test_gate_gpu.py tests/gpu/test_gate_redteam_gpu.py tests/gpu/test_cudagraph_gpu.py tests/gpu/test_streams_gpu.py ;;
+        gate) group gate tests/gpu/test_gate_gpu.py tests/gpu/test_gate_redteam_gpu.py tests/gpu/test_streams_gpu.py ;;
+        replay) group replay tests/gpu/test_cudagraph_gpu.py ;;
         runtime) group runtime tests/gpu/test_runtime_gpu.py ;;
         capture) group capture tests/gpu/test_capture_gpu.py tests/gpu/test_relower_gpu.py ;;
         agent) group agent tests/gpu/test_agent_gpu.py tests/gpu/test_compile_gpu.py ;;
-        *) echo "unknown group $name (gate, runtime, capture, agent)"; exit 2 ;;
+        *) echo "unknown group $name (gate, replay, runtime, capture, agent)"; exit 2 ;;
     esac
     names="${names:-} $name"
 done
