@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 from langchain_core.tools import tool
@@ -129,43 +128,25 @@ _CEILINGS: dict = {}
 
 
 def device_ceilings(device: str) -> dict:
-    """Measured, not looked up: copy bandwidth (GB/s) and fp32 (and bf16 on CUDA) matmul throughput
-    (TFLOP/s) on this machine, once per process. Rough (a few repetitions), for the agent's
-    roofline reasoning only."""
+    """Measured, not looked up (tilesmith.roofline.measure, the profile's ceilings): copy bandwidth (GB/s)
+    and matmul throughput per dtype (TFLOP/s) on this machine, once per process, for the agent's
+    roofline reasoning."""
     if device in _CEILINGS:
         return _CEILINGS[device]
     import torch
 
-    dev = torch.device(device if device.startswith("cuda") and torch.cuda.is_available() else "cpu")
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    from tilesmith import roofline
 
-    def best_s(fn, reps=5):
-        fn()
-        sync()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    n = (256 << 20) if dev.type == "cuda" else (32 << 20)  # bytes
-    src = torch.empty(n // 4, dtype=torch.float32, device=dev)
-    dst = torch.empty_like(src)
-    out = {"device": str(dev), "copy_GBps": round(2 * n / best_s(lambda: dst.copy_(src)) / 1e9, 1)}
-    m = 4096 if dev.type == "cuda" else 512
-    a = torch.randn(m, m, device=dev)
-    out["fp32_matmul_TFLOPs"] = round(2 * m**3 / best_s(lambda: a @ a) / 1e12, 3)
-    if dev.type == "cuda":
-        b = a.bfloat16()
-        out["bf16_matmul_TFLOPs"] = round(2 * m**3 / best_s(lambda: b @ b) / 1e12, 1)
+    dev = device if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+    c = roofline.measure(dev)
+    out = {"device": dev, "name": c.name, "copy_GBps": round(c.bandwidth_gbps, 1) if c.bandwidth_gbps else None,
+           **{f"{k}_matmul_TFLOPs": round(v, 3) for k, v in c.tflops.items()}, "source": c.source}
+    if dev.startswith("cuda"):
         props = torch.cuda.get_device_properties(dev)
-        out.update(name=props.name, sms=props.multi_processor_count, memory_GB=round(props.total_memory / 1e9, 1),
+        out.update(sms=props.multi_processor_count, memory_GB=round(props.total_memory / 1e9, 1),
                    capability=f"{props.major}.{props.minor}")
     else:
-        out["threads"] = torch.get_num_threads()
-        out["cpus"] = os.cpu_count()
+        out.update(threads=torch.get_num_threads(), cpus=os.cpu_count())
     _CEILINGS[device] = out
     return out
 
