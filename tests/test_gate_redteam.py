@@ -44,6 +44,8 @@ CHEATS = [
     (redteam.stale_after_n_in_a_closure, "wrong-values-in-timing", "timing"),
     (redteam.degrades_every_kth_call, "wrong-values-in-timing", "timing"),
     (redteam.starves_what_runs_after_it, "process-state", "correctness"),
+    (redteam.slows_the_library_the_original_calls, "process-state", "load"),
+    (redteam.swaps_the_originals_kernels, "process-state", "load"),
 ]
 
 
@@ -70,7 +72,8 @@ def test_a_cache_keyed_on_input_values_gains_nothing_because_every_timed_call_se
     v = _judge(inf_graph, redteam.remembers_outputs_by_input_content((inf_graph / "wrapper.py").read_text()), tmp_path,
                confirm=False)
     assert not v.accepted and v.codes == ["not-faster"], v.reasons
-    assert v.first.timing.speedup < 1.2 and v.first.timing.checked_calls >= 2  # computed every call, checked
+    t = v.first.timing
+    assert t.checked_calls >= 2, t  # its timed calls were checked: computed every call, and right
 
 
 class _Hits(http.server.BaseHTTPRequestHandler):

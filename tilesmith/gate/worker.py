@@ -22,6 +22,7 @@ _STARTUP_S = 0.0  # seconds from this module's first line to the first request i
 import torch  # noqa: E402
 
 from tilesmith.capture.tensors import span_numel  # noqa: E402
+from tilesmith.gate import patches  # noqa: E402
 
 _CUDA = torch.cuda.is_available()
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
@@ -44,6 +45,8 @@ class State:
         self.checks = []  # outputs of timed calls the parent chose to check (CPU copies)
         self.state0 = None  # process-state fingerprint taken before any wrapper code ran
         self.shared = set()  # input positions timed in one buffer for every buffer set (parameters)
+        self.patch0 = None  # gate.patches.snapshot before candidate code ran
+        self.watched = {}  # namespaces added to it: the globals of wrappers loaded before the candidate
 
 
 def _to_device(x, device):
@@ -136,10 +139,25 @@ def op_load(st: State, req: dict) -> dict:
             text = f.read()
         if st.state0 is None:  # the last moment before candidate code runs in this process
             st.state0 = process_state()
+            st.watched = _wrapper_globals(st)
+            st.patch0 = patches.snapshot(st.watched)
         # A thunk loading the module again: the timed calls run on a fresh instance (op_time_setup).
         st.loaders["candidate"] = lambda: loading.load_module(text, consts()).call
         st.fns["candidate"] = st.loaders["candidate"]()
     return {"load_ns": _perf_ns() - t0}
+
+
+def _wrapper_globals(st: State) -> dict:
+    """The module globals of the wrappers loaded here before the candidate (the baseline timed beside it)."""
+    out = {}
+    for role, fn in st.fns.items():
+        g = getattr(getattr(fn, "__func__", fn), "__globals__", None)
+        if isinstance(g, dict):
+            out[f"{role} wrapper"] = g
+        runner = getattr(getattr(fn, "__self__", None), "__dict__", None)  # call = Runner(...).call
+        if isinstance(runner, dict):
+            out[f"{role} runner"] = runner
+    return out
 
 
 def op_outputs(st: State, req: dict) -> dict:
@@ -423,6 +441,14 @@ def _state_change(st: State) -> str:
     return "; ".join(diff)
 
 
+def _patched(st: State) -> str:
+    if st.patch0 is None:
+        return ""
+    names = patches.replaced(st.patch0, st.watched)
+    return ("it replaces " + ", ".join(names) + " (code that runs after it in this process would call the "
+            "replacement)") if names else ""
+
+
 def op_pin(st: State, req: dict) -> dict:
     """Run on exactly these CPUs from now on: the parent gives the baseline's worker and the candidate's
     the same ones, so their paired samples share a core's load and caches (on a machine shared with
@@ -525,7 +551,7 @@ def main(fd: int) -> None:
             break
         try:
             reply = {"ok": True, **OPS[req["op"]](st, req)}
-            changed = _state_change(st)
+            changed = _state_change(st) or _patched(st)
             if changed:  # checked after every request that ran candidate code, before any answer
                 reply = {"ok": False, "code": "process-state", "error": "the candidate changes process state: " + changed}
         except Exception as e:  # the candidate raised (or could not load): the parent decides what it means
