@@ -65,6 +65,13 @@ def _usage(e, as_json: bool) -> None:
     raise typer.Exit(2)
 
 
+def _both(t) -> str:
+    """The two comparisons behind the speedup: the original in its own worker, and in the candidate's."""
+    if not t.beside_speedup:
+        return "-"
+    return f"{t.apart_speedup:.3f}x ({t.apart_low:.3f}) / {t.beside_speedup:.3f}x ({t.beside_low:.3f})"
+
+
 def _render(v) -> None:
     rows = []
     for label, p in (("first", v.first), ("confirmation", v.confirmation)):
@@ -78,11 +85,12 @@ def _render(v) -> None:
         console.out.print(console.table("correctness", ["pass", "input set", "result", "max abs err", "max rel err",
                                                         "err vs float64"], rows))
     trows = [[label, t.mode, f"{t.baseline_ms:.4f}", f"{t.candidate_ms:.4f}", f"{t.speedup:.3f}x",
-              f"[{t.speedup_low:.3f}, {t.speedup_high:.3f}]", t.samples]
+              f"[{t.speedup_low:.3f}, {t.speedup_high:.3f}]", _both(t), t.samples]
              for label, p in (("first", v.first), ("confirmation", v.confirmation)) if p and (t := p.timing)]
     if trows:
         console.out.print(console.table("timing", ["pass", "mode", "original ms", "candidate ms", "speedup",
-                                                   "one-sided bounds", "paired samples"], trows))
+                                                   "one-sided bounds", "apart / beside (lower bounds)",
+                                                   "paired samples"], trows))
     for w in v.warnings:
         console.err.print(f"[yellow]warning:[/yellow] {w.code}: {w.message}", markup=True)
     head = "[green]ACCEPTED[/green]" if v.accepted else f"[red]REJECTED[/red] at {v.stage}"
