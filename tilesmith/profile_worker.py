@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import torch
 
-from tilesmith import loading, source
+from tilesmith import clock, loading, source
 from tilesmith.search.kernels import find_kernels
 
 
@@ -135,12 +134,13 @@ class _Timed:
         stats.setdefault(name, {"kind": kind, "calls": 0, "cur": 0, "ns": []})
 
     def __call__(self, *args, **kwargs):
-        s = self._stats[self._name]
-        t0 = time.perf_counter_ns()
-        out = self._fn(*args, **kwargs)
-        s["cur"] += time.perf_counter_ns() - t0
+        s, out = self._stats[self._name], []
+        s["cur"] += clock.timed(lambda: self._fn(*args, **kwargs), 1, _no_sync, lambda i, r: out.append(r))
         s["calls_cur"] = s.get("calls_cur", 0) + 1
-        return out
+        return out[0]
+
+
+_no_sync = clock.device_sync("cpu")  # CPU kernels are done when they return
 
 
 class _ExternProxy:
@@ -158,18 +158,12 @@ def main(gdir: str, src_file: str, calls: int) -> dict:
     text = open(src_file).read()
     mod = loading.load_module(text, data.constants)
     args = loading.clone_args(data.inputs)
-    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    device = clock.device_of(args)
+    cuda, sync = device != "cpu", clock.device_sync(device)
     with torch.no_grad():
         for _ in range(3):  # warm-up: first Triton calls autotune and compile
             mod.call(list(args))
-        sync()
-        wall = []
-        for _ in range(calls):
-            t0 = time.perf_counter_ns()
-            mod.call(list(args))
-            sync()
-            wall.append(time.perf_counter_ns() - t0)
+        wall = [clock.timed(lambda: mod.call(list(args)), 1, sync) for _ in range(calls)]
         wrapper = source.split_header(text)[1]
         originals = {k: getattr(mod, k) for k in [k.name for k in find_kernels(wrapper)] + ["extern_kernels"]
                      if hasattr(mod, k)}
@@ -196,8 +190,6 @@ def main(gdir: str, src_file: str, calls: int) -> dict:
     for name, m in meta.stats.items():
         if name in kernels:
             kernels[name].update(bytes=m["bytes"], flops=m["flops"], dtype=m["dtype"], sites=m["sites"])
-    device = "cuda:%d" % (next(a for a in args if isinstance(a, torch.Tensor) and a.is_cuda).device.index or 0) \
-        if cuda else "cpu"
     return {"key": data.meta["key"], "device": data.meta["device"], "wall_ns": wall, "kernels": kernels,
             "profiled_calls": calls, "gap_ns": gap_ns, "ceilings": roofline.measure(device).to_dict(),
             "counters": roofline.counters_note(cuda)}

@@ -67,22 +67,7 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
     with tempfile.TemporaryDirectory(prefix="tilesmith-calibrate-") as scratch, \
             Worker("baseline", Path(scratch), device, (gdir,)) as wb, \
             Worker("calibration", Path(scratch), device, (gdir,)) as wc:
-        best = None
-        if baseline_path:
-            best = wb.dir / "baseline.py"
-            best.write_bytes(Path(baseline_path).read_bytes())
-        wb.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "best_file": str(best) if best else None,
-                    "device": device}, policy.load_timeout_s)
-        cand = wc.dir / "candidate.py"
-        cand.write_bytes(Path(candidate_path).read_bytes())
-        beside = {"baseline": True}  # as in the gate: the baseline is timed beside the candidate too
-        if baseline_path:
-            (wc.dir / "baseline.py").write_bytes(Path(baseline_path).read_bytes())
-            beside = {"baseline_file": str(wc.dir / "baseline.py")}
-        wc.request({"op": "load", "graph_dir": str(gdir), "candidate": str(cand), "device": device, **beside},
-                   policy.load_timeout_s)
-        for w in (wb, wc) if timing.shared_cpus() else ():  # as the gate does before timing
-            w.request({"op": "pin", "cpus": timing.shared_cpus()}, policy.call_timeout_s)
+        _load(wb, wc, gdir, device, policy, candidate_path, baseline_path)
         f = wb.dir / "contents.pt"
         save_sets(f, contents, torch)
         wb.request({"op": "time_setup", "sets_file": str(f), "roles": [base_role], "mode": "launch",
@@ -113,3 +98,26 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
             if on_trial:
                 on_trial(i, trial)
     return out
+
+
+def _load(wb, wc, gdir, device: str, policy: Policy, candidate_path, baseline_path) -> None:
+    """Load the baseline into `wb`, the candidate and the baseline beside it into `wc` (as the gate does),
+    and pin both to the shared CPUs when there are any."""
+    from tilesmith.gate import timing
+
+    best = None
+    if baseline_path:
+        best = wb.dir / "baseline.py"
+        best.write_bytes(Path(baseline_path).read_bytes())
+    wb.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "best_file": str(best) if best else None,
+                "device": device}, policy.load_timeout_s)
+    cand = wc.dir / "candidate.py"
+    cand.write_bytes(Path(candidate_path).read_bytes())
+    beside = {"baseline": True}  # as in the gate: the baseline is timed beside the candidate too
+    if baseline_path:
+        (wc.dir / "baseline.py").write_bytes(Path(baseline_path).read_bytes())
+        beside = {"baseline_file": str(wc.dir / "baseline.py")}
+    wc.request({"op": "load", "graph_dir": str(gdir), "candidate": str(cand), "device": device, **beside},
+               policy.load_timeout_s)
+    for w in (wb, wc) if timing.shared_cpus() else ():  # as the gate does before timing
+        w.request({"op": "pin", "cpus": timing.shared_cpus()}, policy.call_timeout_s)

@@ -18,7 +18,10 @@ import sys
 # Namespaces a generated wrapper calls through (module-level names, classes whose methods it uses).
 MODULES = ("torch", "torch.nn.functional", "torch._C", "torch._C._nn", "torch._C._VariableFunctions",
            "torch.cuda", "torch._inductor.select_algorithm", "torch._inductor.runtime.triton_heuristics",
-           "torch._inductor.cpp_builder", "torch._inductor.codecache", "ctypes", "math")
+           "torch._inductor.cpp_builder", "torch._inductor.codecache", "ctypes", "math",
+           # ... and what the worker measures with: its own module (run as __main__), its clock, time, os
+           "__main__", "tilesmith.clock", "tilesmith.gate.worker_outputs", "tilesmith.gate.worker_tensors",
+           "tilesmith.gate.fingerprint", "tilesmith.gate.patches", "time", "os")
 CLASSES = (("torch", "Tensor"), ("torch._C", "TensorBase"), ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner"),
            ("torch._inductor.runtime.triton_heuristics", "GridExpr"), ("torch.cuda", "Stream"), ("torch.cuda", "Event"),
            ("torch._C", "Generator"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 
 _perf_ns = time.perf_counter_ns  # bound before candidate code exists in this process
@@ -22,7 +21,11 @@ _STARTUP_S = 0.0  # seconds from this module's first line to the first request i
 import torch  # noqa: E402
 
 from tilesmith.capture.tensors import span_numel  # noqa: E402
+from tilesmith import clock  # noqa: E402
 from tilesmith.gate import patches  # noqa: E402
+from tilesmith.gate.fingerprint import _state_change, process_state  # noqa: E402
+from tilesmith.gate.worker_outputs import _call, op_outputs, op_ref64  # noqa: E402
+from tilesmith.gate.worker_tensors import _as_list, _refill, _to_cpu, _to_device  # noqa: E402
 
 _CUDA = torch.cuda.is_available()
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
@@ -47,74 +50,6 @@ class State:
         self.shared = set()  # input positions timed in one buffer for every buffer set (parameters)
         self.patch0 = None  # gate.patches.snapshot before candidate code ran
         self.watched = {}  # namespaces added to it: the globals of wrappers loaded before the candidate
-
-
-def _to_device(x, device):
-    if not isinstance(x, torch.Tensor):
-        return x
-    n = span_numel(x)
-    if n == 0:
-        return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=device)
-    flat = x.as_strided((n,), (1,), x.storage_offset()).to(device, copy=True)
-    return flat.as_strided(x.size(), x.stride(), 0)
-
-
-def _to_cpu(x):
-    return _to_device(x.detach(), "cpu") if isinstance(x, torch.Tensor) else x
-
-
-def _refill(dst, src):
-    """Copy src's storage span into dst's in place (same layout): new values in the same buffers."""
-    if isinstance(dst, torch.Tensor) and span_numel(dst):
-        n = span_numel(dst)
-        dst.as_strided((n,), (1,), dst.storage_offset()).copy_(src.as_strided((n,), (1,), src.storage_offset()))
-
-
-def _layout(o, args) -> dict:
-    if not isinstance(o, torch.Tensor):
-        return {"type": type(o).__name__}
-    ptr = o.untyped_storage().data_ptr() if o.numel() else None
-    alias = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel() and ptr is not None
-             and a.untyped_storage().data_ptr() == ptr]
-    return {"type": "Tensor" if type(o) is torch.Tensor else type(o).__name__, "shape": list(o.shape),
-            "stride": list(o.stride()), "offset": int(o.storage_offset()), "dtype": str(o.dtype).removeprefix("torch."),
-            "device": o.device.type, "alias_inputs": alias, "storage": ptr}
-
-
-def _call(st: State, role: str, args: list, on_side_stream: bool):
-    """One call on fresh-list args; on CUDA under a non-default current stream that alone is synchronised."""
-    from tilesmith import loading
-
-    loading.restore_rng(st.data.rng)
-    with torch.no_grad():
-        if on_side_stream and _CUDA:
-            _device_sync()
-            s = torch.cuda.Stream()
-            with torch.cuda.stream(s):
-                out = st.fns[role](list(args))
-                left_on = torch.cuda.current_stream()
-            if left_on != s:  # read on a stream the call chose, the outputs would wait for its work
-                raise RuntimeError("the call switched the current CUDA stream and did not switch it back: "
-                                   "its work is not on the caller's stream")
-            s.synchronize()  # only this stream: work left on another stream is not waited for
-            with torch.cuda.stream(s):
-                res = [_to_cpu(o) for o in _as_list(out)]
-            return out, res
-        out = st.fns[role](list(args))
-        return out, [_to_cpu(o) for o in _as_list(out)]
-
-
-def _as_list(out):
-    return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def _storage_ids(layouts: list) -> None:
-    """Replace raw storage pointers by first-appearance numbers (output-output aliasing, comparable)."""
-    ids = {}
-    for lay in layouts:
-        p = lay.pop("storage", None)
-        if p is not None:
-            lay["storage_id"] = ids.setdefault(p, len(ids))
 
 
 def op_load(st: State, req: dict) -> dict:
@@ -158,78 +93,6 @@ def _wrapper_globals(st: State) -> dict:
         if isinstance(runner, dict):
             out[f"{role} runner"] = runner
     return out
-
-
-def op_outputs(st: State, req: dict) -> dict:
-    """Run `role` on every set (fresh device copies), then the same-buffers pair; save everything raw."""
-    sets = torch.load(req["sets_file"], weights_only=True)
-    role, side = req["role"], bool(req.get("side_stream", True))
-    results = []
-    for inputs in sets["inputs"]:
-        args = [_to_device(x, st.device) for x in inputs]
-        _poison(st.device)
-        out, res = _call(st, role, args, side)
-        lays = [_layout(o, args) for o in _as_list(out)]
-        _storage_ids(lays)
-        after = [_to_cpu(a) for a in args]
-        results.append({"outputs": res, "layouts": lays, "inputs_after": after,
-                        "mutated": any(_changed(x, y) for x, y in zip(inputs, after))})
-        del out
-    pair = {}
-    if req.get("pair"):
-        i, j = req["pair"]
-        bufs = [_to_device(x, st.device) for x in sets["inputs"][i]]
-        out1, _ = _call(st, role, bufs, side)
-        for b, x in zip(bufs, sets["inputs"][j]):
-            _refill(b, _to_device(x, st.device))
-        out2, second = _call(st, role, bufs, side)
-        _device_sync()
-        pair = {"first": [_to_cpu(o) for o in _as_list(out1)], "second": second}
-    torch.save({"sets": results, "pair": pair}, req["out_file"])
-    return {}
-
-
-def _changed(before, after) -> bool:
-    if not isinstance(before, torch.Tensor):
-        return False
-    if before.dtype.is_floating_point:
-        return not torch.equal(before.nan_to_num(), after.nan_to_num())
-    return not torch.equal(before, after)
-
-
-def _poison(device: str) -> None:
-    """Fill freshly freed memory with NaN so outputs that are never written read as NaN, not stale data."""
-    if not device.startswith("cuda"):
-        return
-    # The allocator's free bytes are split over cached blocks: one tensor of the total would not fit
-    # in any of them and would grow the pool instead (each call doubling it, until out of memory).
-    # So poison in halving chunks, and give back any chunk that needed new memory.
-    held, chunk = [], min(torch.cuda.memory_reserved() - torch.cuda.memory_allocated(), 8 << 30)
-    while chunk >= 1 << 20:
-        reserved = torch.cuda.memory_reserved()
-        t = torch.empty(chunk // 4, dtype=torch.float32, device=device)
-        if torch.cuda.memory_reserved() > reserved:
-            del t
-            torch.cuda.empty_cache()
-            chunk = min(chunk // 2, torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
-            continue
-        t.fill_(float("nan"))
-        held.append(t)
-        chunk = min(chunk, torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
-    del held  # freed: the NaN-filled blocks are what the next allocations get
-
-
-def op_ref64(st: State, req: dict) -> dict:
-    """Run the FX program of the header in float64 on every set; unavailable is an answer, not an error."""
-    from tilesmith.gate.reference import run_fx_float64
-
-    sets = torch.load(req["sets_file"], weights_only=True)
-    try:
-        outs = [run_fx_float64(req["wrapper_text"], st.data.constants, inputs) for inputs in sets["inputs"]]
-    except Exception as e:  # an FX program we cannot re-run in float64: compare against the original only
-        return {"available": False, "why": f"{type(e).__name__}: {e}"[:300]}
-    torch.save({"outputs": outs}, req["out_file"])
-    return {"available": True}
 
 
 def op_time_setup(st: State, req: dict) -> dict:
@@ -320,18 +183,20 @@ def op_time(st: State, req: dict) -> dict:
     # start a new thread team.
     for b, c in enumerate(req.get("fill") or []):
         _set_content(st, st.bufs[role][b], st.pool[role][c], req.get("perturb"), b)
-    kept, kept_i, out = None, -1, None
+    calls = iter([thunks[(k + i) % n] for i in range(reps)])
+    seen = {"kept": None, "kept_i": -1, "last": None}
+
+    def draw(i: int, out) -> None:  # reservoir sampling, drawn after the call returned
+        seen["last"] = out
+        if int.from_bytes(_urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
+            seen["kept"], seen["kept_i"] = _snapshot(out, graph), i
+
     with torch.no_grad():
-        _device_sync()
-        t0 = _perf_ns()
-        for i in range(reps):
-            out = thunks[(k + i) % n]()
-            if int.from_bytes(_urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
-                kept, kept_i = _snapshot(out, graph), i
-        _device_sync()
-        ns = _perf_ns() - t0
+        ns = clock.timed(lambda: next(calls)(), reps, _device_sync, draw)
     if ours:
-        st.pending = {"start": k, "calls": [kept_i, reps - 1], "outputs": [kept, _snapshot(out, graph)]}
+        st.pending = {"start": k, "calls": [seen["kept_i"], reps - 1],
+                      "outputs": [seen["kept"], _snapshot(seen["last"], graph)]}
+    seen["last"] = None
     return {"ns": ns}
 
 
@@ -404,41 +269,6 @@ def op_checks(st: State, req: dict) -> dict:
         os.remove(f)
     n, st.checks = len(checks), []
     return {"n": n}
-
-
-def process_state() -> dict:
-    """Process-wide settings a call could change to slow down, or change the numerics of, code that runs
-    after it: compared before and after candidate code runs."""
-    tiny = torch.tensor([1e-40], dtype=torch.float32)
-    st = {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
-          "matmul_precision": torch.get_float32_matmul_precision(),
-          "cuda_matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
-          "cuda_fp16_reduced": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-          "cuda_bf16_reduced": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
-          "cudnn": [torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
-                    torch.backends.cudnn.deterministic],
-          "deterministic": [torch.are_deterministic_algorithms_enabled(),
-                            torch.is_deterministic_algorithms_warn_only_enabled()],
-          "flush_denormal": bool((tiny * 1.0).item() == 0.0), "default_dtype": str(torch.get_default_dtype()),
-          "default_device": str(torch.get_default_device()) if hasattr(torch, "get_default_device") else "",
-          "grad": torch.is_grad_enabled(), "inference_mode": torch.is_inference_mode_enabled(),
-          "python_threads": threading.active_count(), "affinity": sorted(os.sched_getaffinity(0))
-          if hasattr(os, "sched_getaffinity") else [], "nice": os.getpriority(os.PRIO_PROCESS, 0),
-          "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
-    if _CUDA and torch.cuda.is_initialized():
-        st["cuda_device"] = torch.cuda.current_device()
-        st["cuda_stream"] = torch.cuda.current_stream().cuda_stream
-        st["allocator"] = torch.cuda.get_allocator_backend()
-    return st
-
-
-def _state_change(st: State) -> str:
-    if st.state0 is None:
-        return ""
-    now = process_state()
-    diff = [f"{k} {st.state0.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(st.state0))
-            if now.get(k) != st.state0.get(k) and k in st.state0]
-    return "; ".join(diff)
 
 
 def _patched(st: State) -> str:

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -53,15 +52,14 @@ class _Timed:
         self._inner, self._row, self._sync = inner, row, sync
 
     def _timed(self, fn, args, kwargs):
+        from tilesmith import clock
+
         if not self._row.arg_shapes:
             self._row.arg_shapes = [tuple(a.shape) for a in args if hasattr(a, "shape")][:8]
-        self._sync()
-        t0 = time.perf_counter_ns()
-        out = fn(*args, **kwargs)
-        self._sync()
-        self._row.ns += time.perf_counter_ns() - t0
+        out = []  # the launch's result, taken inside the timed window
+        self._row.ns += clock.timed(lambda: fn(*args, **kwargs), 1, self._sync, lambda i, r: out.append(r))
         self._row.launches += 1
-        return out
+        return out[0]
 
     def run(self, *args, **kwargs):
         return self._timed(self._inner.run, args, kwargs)
@@ -93,25 +91,20 @@ def bench(source: str, graph_dir: str | Path, calls: int = 10) -> Bench:
 
     import torch
 
-    from tilesmith import loading
+    from tilesmith import clock, loading
     from tilesmith.search.kernels import find_kernels
     from tilesmith.source import split_header
 
     data = loading.load_graph_data(graph_dir)
     mod = loading.load_module(source, data.constants)
     args = loading.clone_args(data.inputs)
-    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    device = clock.device_of(args)
+    sync = clock.device_sync(device)
+    one_call = lambda: mod.call(list(args))  # noqa: E731
     with torch.no_grad():
         for _ in range(3):  # compile, autotune, warm caches
-            mod.call(list(args))
-        sync()
-        wall = []
-        for _ in range(calls):
-            t0 = time.perf_counter_ns()
-            mod.call(list(args))
-            sync()
-            wall.append(time.perf_counter_ns() - t0)
+            one_call()
+        wall = [clock.timed(one_call, 1, sync) for _ in range(calls)]
         rows: dict[str, KernelRow] = {}
         for k in find_kernels(split_header(source)[1]):
             if hasattr(mod, k.name):
@@ -119,13 +112,9 @@ def bench(source: str, graph_dir: str | Path, calls: int = 10) -> Bench:
                 setattr(mod, k.name, _Timed(getattr(mod, k.name), rows[k.name], sync))
         if hasattr(mod, "extern_kernels"):
             mod.extern_kernels = _TimedNamespace(mod.extern_kernels, rows, sync)
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            mod.call(list(args))
-        sync()
-        instrumented = (time.perf_counter_ns() - t0) / calls / 1e6
+        instrumented = clock.timed(one_call, calls, sync) / calls / 1e6
     live = sorted((r for r in rows.values() if r.launches), key=lambda r: -r.ns)
-    return Bench(calls, statistics.median(wall) / 1e6, instrumented, "cuda" if cuda else "cpu", live)
+    return Bench(calls, statistics.median(wall) / 1e6, instrumented, device.split(":")[0], live)
 
 
 def table(b: Bench) -> str:

@@ -8,15 +8,14 @@ import time
 
 import torch
 
-from tilesmith import loading
+from tilesmith import clock, loading
 
 
 def main(spec_file: str) -> dict:
     spec = json.loads(open(spec_file).read())
     data = loading.load_graph_data(spec["graph_dir"])
     args = loading.clone_args(data.inputs)
-    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync = clock.device_sync(clock.device_of(args))
     calls, results = [], []
     for path in spec["sources"]:
         try:
@@ -34,11 +33,8 @@ def main(spec_file: str) -> dict:
     live = [c for c in calls if c is not None]
     per = 1
     if live:
-        t0 = time.perf_counter_ns()
         with torch.no_grad():
-            live[0](list(args))
-        sync()
-        per = max(1, min(1000, int(1e6 / max(1, time.perf_counter_ns() - t0))))
+            per = clock.calls_per_sample(lambda: live[0](list(args)), sync, sample_ms=1.0, most=1000)
     deadline = time.monotonic() + spec["budget_s"]
     rnd = 0
     with torch.no_grad():
@@ -48,12 +44,8 @@ def main(spec_file: str) -> dict:
             for i in order:
                 if calls[i] is None:
                     continue
-                sync()
-                t0 = time.perf_counter_ns()
-                for _ in range(per):
-                    calls[i](list(args))
-                sync()
-                results[i]["ns"].append((time.perf_counter_ns() - t0) / per)
+                ns = clock.timed(lambda: calls[i](list(args)), per, sync)
+                results[i]["ns"].append(ns / per)
             rnd += 1
             if rnd >= 200:
                 break

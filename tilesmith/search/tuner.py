@@ -37,20 +37,12 @@ def search(track: Track, config: TunerConfig | None = None) -> Generator[Candida
     None), record(variant) to log every variant, and expired() for the time limit.
     """
     cfg = config or TunerConfig()
-    done: set[str] = set()
-    if _graphable(track, cfg) and not track.expired():
-        text = graphed_text(track.best_text)
-        results = screen(track.graph_dir, [("current", track.best_text), (GRAPHED_LABEL, text)],
-                         budget_s=cfg.screen_budget_s)
-        current, r = results[0].median_ms, results[1]
-        track.record({"kernel": "(whole call)", "variant": GRAPHED_LABEL, "median_ms": r.median_ms,
-                      "current_ms": current, "samples": len(r.samples_ms), "error": r.error})
-        if current and r.median_ms and current / r.median_ms - 1 > cfg.min_gain:
-            yield Candidate(text, _graphed_label(track))
+    yield from _graphed_step(track, cfg)
     # Whole-graph re-lowering under Inductor config variants (tilesmith/search/relower.py).
     from tilesmith.search import relower
 
     yield from relower.search(track, Candidate, screen_budget_s=cfg.screen_budget_s, min_gain=cfg.min_gain)
+    done: set[str] = set()
     while True:
         base_text = track.best_text
         header, base = _split(base_text)
@@ -63,34 +55,61 @@ def search(track: Track, config: TunerConfig | None = None) -> Generator[Candida
             if track.expired():
                 return
             done.add(k.name)
-            vs = K.variants(k)
-            results = screen(track.graph_dir, [("current", base_text)] +
-                             [(label, header + K.replace_kernel(base, k, code)) for label, code in vs],
-                             budget_s=cfg.screen_budget_s)
-            current = results[0].median_ms
-            for (label, _), r in zip(vs, results[1:]):
-                track.record({"kernel": k.name, "variant": label, "median_ms": r.median_ms,
-                              "current_ms": current, "samples": len(r.samples_ms), "error": r.error})
-            ok = [(r.median_ms, label, code) for (label, code), r in zip(vs, results[1:]) if r.median_ms]
-            if current and ok:
-                best_ms, label, code = min(ok)
-                gain = current / best_ms - 1
-                if gain > cfg.min_gain:
-                    choices.append((gain, k, label, code))
+            choice = _screen_kernel(track, cfg, k, header, base)
+            if choice:
+                choices.append(choice)
         if not choices:
             continue  # nothing on these kernels; the next round tries the rest (or ends)
         choices.sort(key=lambda c: c[0], reverse=True)
-        # The assembled candidate first; if the gate rejects it, each single change on its own.
-        tries = [choices] + ([[c] for c in choices] if len(choices) > 1 else [])
-        for combo in tries:
-            text = base
-            for _, k, _, code in combo:
-                kk = next(x for x in K.find_kernels(text) if x.name == k.name)
-                text = K.replace_kernel(text, kk, code)
-            label = "; ".join(f"{k.name}: {lab}" for _, k, lab, _ in combo)
-            verdict = yield Candidate(header + text, label)
-            if verdict and verdict.get("accepted"):
-                break
+        yield from _assembled(header, base, choices)
+
+
+def _graphed_step(track: Track, cfg: TunerConfig) -> Generator[Candidate, dict, None]:
+    """The whole call replayed from a CUDA graph, screened against the current source; yielded when faster."""
+    if _graphable(track, cfg) and not track.expired():
+        text = graphed_text(track.best_text)
+        results = screen(track.graph_dir, [("current", track.best_text), (GRAPHED_LABEL, text)],
+                         budget_s=cfg.screen_budget_s)
+        current, r = results[0].median_ms, results[1]
+        track.record({"kernel": "(whole call)", "variant": GRAPHED_LABEL, "median_ms": r.median_ms,
+                      "current_ms": current, "samples": len(r.samples_ms), "error": r.error})
+        if current and r.median_ms and current / r.median_ms - 1 > cfg.min_gain:
+            yield Candidate(text, _graphed_label(track))
+
+
+def _screen_kernel(track: Track, cfg: TunerConfig, k, header: str, base: str):
+    """Screen every launch-parameter variant of kernel `k` on the whole call against the current source
+    (`header + base`), log each; (gain, k, label, code) of the fastest if it gains more than min_gain."""
+    vs = K.variants(k)
+    results = screen(track.graph_dir, [("current", header + base)] +
+                     [(label, header + K.replace_kernel(base, k, code)) for label, code in vs],
+                     budget_s=cfg.screen_budget_s)
+    current = results[0].median_ms
+    for (label, _), r in zip(vs, results[1:]):
+        track.record({"kernel": k.name, "variant": label, "median_ms": r.median_ms,
+                      "current_ms": current, "samples": len(r.samples_ms), "error": r.error})
+    ok = [(r.median_ms, label, code) for (label, code), r in zip(vs, results[1:]) if r.median_ms]
+    if current and ok:
+        best_ms, label, code = min(ok)
+        gain = current / best_ms - 1
+        if gain > cfg.min_gain:
+            return gain, k, label, code
+    return None
+
+
+def _assembled(header: str, base: str, choices: list) -> Generator[Candidate, dict, None]:
+    """The best variant of every kernel assembled into one candidate first; if the gate rejects it, each
+    single change on its own, until one is accepted."""
+    tries = [choices] + ([[c] for c in choices] if len(choices) > 1 else [])
+    for combo in tries:
+        text = base
+        for _, k, _, code in combo:
+            kk = next(x for x in K.find_kernels(text) if x.name == k.name)
+            text = K.replace_kernel(text, kk, code)
+        label = "; ".join(f"{k.name}: {lab}" for _, k, lab, _ in combo)
+        verdict = yield Candidate(header + text, label)
+        if verdict and verdict.get("accepted"):
+            return
 
 
 run_track = from_generator(lambda track, settings: search(track))  # the tuner as an Optimizer

@@ -56,6 +56,68 @@ def _check_summary(v) -> str:
     return "failed: " + ", ".join(dict.fromkeys(r.code for r in v.reasons))
 
 
+def _check(state, settings, path: str) -> str:
+    """The `check` tool: correctness only (the gate with Policy.correctness_only), recorded in the ledger."""
+    try:
+        p = _path(state, path)
+        text = p.read_text()
+        v = _judge(state, p, settings, correctness_only=True)
+    except ValueError as e:
+        return f"check: {e}"
+    except TilesmithError as e:
+        return json.dumps({"error": e.message, "hint": e.hint})
+    vp = virtual(state.track.dir, p)
+    state.ledger.update(vp, check=_check_summary(v), check_sha=sha(text))
+    sets = [{"set": c.name, "ok": c.ok, "max_rel_error": c.max_rel_error} for c in (v.first.correctness if v.first else [])]
+    return json.dumps({"file": vp, "ok": not v.reasons, "stage": v.stage,
+                       "reasons": [r.to_dict() for r in v.reasons], "sets": sets, "seconds": round(v.wall_s, 1)})
+
+
+def _screen(state, paths: list[str]) -> str:
+    """The `screen` tool: the attempts and the best source timed interleaved, recorded in the ledger."""
+    from tilesmith.search.measure import screen as run_screen
+
+    try:
+        files = [resolve(state.track.dir, p) for p in paths]
+    except ValueError as e:
+        return f"screen: {e}"
+    if not files:
+        return "screen: name at least one attempt file"
+    texts = [f.read_text() for f in files]
+    with state.timing_lock:
+        res = run_screen(state.track.graph_dir, [("best", state.track.best_text)] +
+                         [(virtual(state.track.dir, f), t) for f, t in zip(files, texts)],
+                         budget_s=state.screen_budget_s)
+    best = res[0].median_ms
+    lines = [f"best so far: {best:.4f} ms" if best else f"best so far: failed ({res[0].error})"]
+    for r, t in zip(res[1:], texts):
+        if r.median_ms is None:
+            lines.append(f"{r.label}: failed: {r.error}")
+            continue
+        state.ledger.update(r.label, screened_ms=r.median_ms, best_ms=best, screen_sha=sha(t))
+        vs = f", {best / r.median_ms:.3f}x vs best" if best else ""
+        lines.append(f"{r.label}: {r.median_ms:.4f} ms ({len(r.samples_ms)} samples){vs}")
+    return "\n".join(lines)
+
+
+def _assign_ideas(state, ideas: list[Idea]) -> str:
+    """The `ideas` tool: the most promising ideas get this turn's attempt files, one each, in the ledger."""
+    ranked = sorted(ideas, key=lambda i: -i.max_gain)
+    out = []
+    for i, idea in enumerate(ranked):
+        if i < len(state.attempts):
+            vp = virtual(state.track.dir, state.attempts[i])
+            state.ledger.row(vp, state.turn)
+            state.ledger.update(vp, idea=idea.idea, max_gain=idea.max_gain)
+            out.append(f"{vp}: {idea.idea} (up to {idea.max_gain:g}x: {idea.why})")
+        else:
+            out.append(f"(no file this turn) {idea.idea} (up to {idea.max_gain:g}x)")
+    if len(ideas) < 3:
+        out.append("Fewer than 3 ideas: if that is all the roofline leaves, say so; if nothing is worth "
+                   "trying, call finish.")
+    return "Assigned:\n" + "\n".join(out)
+
+
 def make_inner_tools(state, settings) -> list:
     """`state` (agent._TrackState): the track, this turn's attempt files, the ledger, the timing lock."""
 
@@ -64,68 +126,21 @@ def make_inner_tools(state, settings) -> list:
         """Fast check of one attempt file (default: your current attempt): static screen, load, and
         correctness of every output on the captured inputs and random input sets, against the gate's
         tolerances. No timing, never a decision. Use it after every edit, before screen or evaluate."""
-        try:
-            p = _path(state, path)
-            text = p.read_text()
-            v = _judge(state, p, settings, correctness_only=True)
-        except ValueError as e:
-            return f"check: {e}"
-        except TilesmithError as e:
-            return json.dumps({"error": e.message, "hint": e.hint})
-        vp = virtual(state.track.dir, p)
-        state.ledger.update(vp, check=_check_summary(v), check_sha=sha(text))
-        sets = [{"set": c.name, "ok": c.ok, "max_rel_error": c.max_rel_error} for c in (v.first.correctness if v.first else [])]
-        return json.dumps({"file": vp, "ok": not v.reasons, "stage": v.stage,
-                           "reasons": [r.to_dict() for r in v.reasons], "sets": sets, "seconds": round(v.wall_s, 1)})
+        return _check(state, settings, path)
 
     @tool
     def screen(paths: list[str]) -> str:
         """Time several attempt files against the best source so far, interleaved in one worker on the
         captured inputs (a few seconds; medians of raw samples). A screen, not a verdict: at the end of
         the turn the host judges the fastest screened attempt that passed its check."""
-        from tilesmith.search.measure import screen as run_screen
-
-        try:
-            files = [resolve(state.track.dir, p) for p in paths]
-        except ValueError as e:
-            return f"screen: {e}"
-        if not files:
-            return "screen: name at least one attempt file"
-        texts = [f.read_text() for f in files]
-        with state.timing_lock:
-            res = run_screen(state.track.graph_dir, [("best", state.track.best_text)] +
-                             [(virtual(state.track.dir, f), t) for f, t in zip(files, texts)],
-                             budget_s=state.screen_budget_s)
-        best = res[0].median_ms
-        lines = [f"best so far: {best:.4f} ms" if best else f"best so far: failed ({res[0].error})"]
-        for r, t in zip(res[1:], texts):
-            if r.median_ms is None:
-                lines.append(f"{r.label}: failed: {r.error}")
-                continue
-            state.ledger.update(r.label, screened_ms=r.median_ms, best_ms=best, screen_sha=sha(t))
-            vs = f", {best / r.median_ms:.3f}x vs best" if best else ""
-            lines.append(f"{r.label}: {r.median_ms:.4f} ms ({len(r.samples_ms)} samples){vs}")
-        return "\n".join(lines)
+        return _screen(state, paths)
 
     @tool
     def ideas(ideas: list[Idea]) -> str:
         """Record this turn's plan: 3-5 ideas, each with the speedup its roofline allows (max_gain) and
         why. The most promising get this turn's attempt files, one file per idea; give each to its own
         subagent with `task` (naming the file) or work on it yourself. Returns the assignment."""
-        ranked = sorted(ideas, key=lambda i: -i.max_gain)
-        out = []
-        for i, idea in enumerate(ranked):
-            if i < len(state.attempts):
-                vp = virtual(state.track.dir, state.attempts[i])
-                state.ledger.row(vp, state.turn)
-                state.ledger.update(vp, idea=idea.idea, max_gain=idea.max_gain)
-                out.append(f"{vp}: {idea.idea} (up to {idea.max_gain:g}x: {idea.why})")
-            else:
-                out.append(f"(no file this turn) {idea.idea} (up to {idea.max_gain:g}x)")
-        if len(ideas) < 3:
-            out.append("Fewer than 3 ideas: if that is all the roofline leaves, say so; if nothing is worth "
-                       "trying, call finish.")
-        return "Assigned:\n" + "\n".join(out)
+        return _assign_ideas(state, ideas)
 
     @tool
     def finish(reason: str) -> str:

@@ -192,17 +192,9 @@ def fx_excerpt(fx: str, limit: int) -> str:
 
 def system_prompt(state, settings, skills_note: str, web_search: bool = False, fx_chars: int = FX_CHARS) -> str:
     """Who the agent is, how a turn works, what the gate demands, and the facts of this graph."""
-    from tilesmith.source import split_header
     from tilesmith.workspace import load_graph_json
 
     meta = load_graph_json(state.track.graph_dir)
-    device = str(meta.get("device") or "cpu")
-    try:
-        ceilings = json.dumps(device_ceilings(device))
-    except Exception as e:  # the context is still useful without them
-        ceilings = f"(not measured: {type(e).__name__})"
-    fx, _ = split_header((state.track.graph_dir / "wrapper.py").read_text())
-    base = profile_table(state.track.profile) if state.track.profile else "(not profiled yet: call `profile`)"
     width = len(state.attempts) or 3
     return f"""You are a GPU/CPU kernel engineer optimizing one TorchInductor-generated wrapper (a Python module
 defining `call(args)` plus its kernels). Make it faster while computing the same outputs.
@@ -254,10 +246,24 @@ torch or timers, no native code loaded from the wrapper (load_inline, ctypes: re
 {AGENCY_RULES[settings.agency]}
 
 ## Facts
-- Graph {state.track.key[:16]} ({meta.get('kind', 'forward')}), device {device}; stack {json.dumps(meta.get('environment', {}))[:600]}
+{graph_facts(state, meta, fx_chars)}
+{skills_note}"""
+
+
+def graph_facts(state, meta: dict, fx_chars: int = FX_CHARS) -> str:
+    """The system prompt's facts of this graph: device, stack, measured ceilings, baseline profile, FX program."""
+    from tilesmith.source import split_header
+
+    device = str(meta.get("device") or "cpu")
+    try:
+        ceilings = json.dumps(device_ceilings(device))
+    except Exception as e:  # the context is still useful without them
+        ceilings = f"(not measured: {type(e).__name__})"
+    fx, _ = split_header((state.track.graph_dir / "wrapper.py").read_text())
+    base = profile_table(state.track.profile) if state.track.profile else "(not profiled yet: call `profile`)"
+    return f"""- Graph {state.track.key[:16]} ({meta.get('kind', 'forward')}), device {device}; stack {json.dumps(meta.get('environment', {}))[:600]}
 - Measured ceilings: {ceilings}
 - Baseline profile:
 {base}
 - FX program (what the wrapper computes):
-{fx_excerpt(fx, fx_chars)}
-{skills_note}"""
+{fx_excerpt(fx, fx_chars)}"""

@@ -1,0 +1,78 @@
+"""The timing primitives the screens share: which device some arguments live on, a device-wide sync for
+it, a timed loop of calls, and how many calls make one sample long enough to time.
+
+Used by the gate worker's timed samples, the tuner's measure worker, the profile worker and the agent's
+kernel bench. The gate worker imports it before any candidate code runs, and rejects a candidate that
+rebinds anything here (gate.patches watches this module). The clock and
+the CUDA synchronisation are bound at import, like the gate's, so code loaded later that replaces
+`time.perf_counter_ns` or `torch.cuda.synchronize` does not change what these loops measure.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable
+
+import torch
+
+_perf_ns = time.perf_counter_ns
+_cuda_sync = torch._C._cuda_synchronize if hasattr(torch._C, "_cuda_synchronize") else None
+
+
+def _nothing() -> None:
+    return None
+
+
+def device_of(args) -> str:
+    """'cuda:N' for the first CUDA tensor among `args`, else 'cpu' (the device a graph call runs on)."""
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_cuda:
+            return f"cuda:{a.device.index or 0}"
+    return "cpu"
+
+
+def device_sync(device: str) -> Callable[[], None]:
+    """A function that waits for all work queued on `device` ('cpu': returns at once, CPU calls are
+    synchronous). On CUDA it waits for every stream of the device, not just the current one."""
+    d = torch.device(device)
+    if d.type != "cuda":
+        return _nothing
+    index = d.index if d.index is not None else torch.cuda.current_device()
+    if _cuda_sync is not None and index == torch.cuda.current_device():
+        return _cuda_sync  # the current device: no device switch around each sync
+    return functools.partial(torch.cuda.synchronize, index)
+
+
+def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
+          after_call: Callable[[int, object], None] | None = None) -> int:
+    """Nanoseconds for `n` back-to-back calls of `thunk`, `sync()` before the clock starts and before it stops.
+
+    thunk: one call (e.g. `lambda: mod.call(list(args))`); its result is passed to `after_call`.
+    n: calls in the timed window (at least 1).
+    sync: waits for the device (`device_sync`); the one before the window keeps earlier work out of it.
+    after_call: called as `after_call(i, result)` after call i, inside the window (its cost is timed too,
+    so keep it to a few operations, e.g. a draw deciding which call's outputs to keep)."""
+    sync()
+    t0 = _perf_ns()
+    if after_call is None:
+        for _ in range(n):
+            thunk()
+    else:
+        for i in range(n):
+            after_call(i, thunk())
+    sync()
+    return _perf_ns() - t0
+
+
+def calls_per_sample(thunk: Callable[[], object], sync: Callable[[], None], sample_ms: float = 1.0,
+                     most: int = 1000) -> int:
+    """How many calls of `thunk` make one sample last about `sample_ms`, from one timed call (1..`most`):
+    a sample that long makes the timer's resolution and the two syncs' cost negligible.
+
+    thunk: one call, already warmed up (a first call that compiles would make this 1).
+    sync: waits for the device (`device_sync`).
+    sample_ms: the wanted length of one sample, in milliseconds.
+    most: the cap on calls per sample (very fast calls would otherwise make a sample of thousands)."""
+    ns = timed(thunk, 1, sync)
+    return max(1, min(most, int(sample_ms * 1e6 / max(1, ns))))

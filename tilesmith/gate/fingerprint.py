@@ -1,0 +1,50 @@
+"""The gate worker's process-state fingerprint: process-wide settings taken before candidate code first
+runs in the worker and compared after every request (a change is the reply `process-state`)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from tilesmith.gate.worker import State
+
+_CUDA = torch.cuda.is_available()
+
+
+def process_state() -> dict:
+    """Process-wide settings a call could change to slow down, or change the numerics of, code that runs
+    after it: compared before and after candidate code runs."""
+    tiny = torch.tensor([1e-40], dtype=torch.float32)
+    st = {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+          "matmul_precision": torch.get_float32_matmul_precision(),
+          "cuda_matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+          "cuda_fp16_reduced": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+          "cuda_bf16_reduced": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+          "cudnn": [torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+                    torch.backends.cudnn.deterministic],
+          "deterministic": [torch.are_deterministic_algorithms_enabled(),
+                            torch.is_deterministic_algorithms_warn_only_enabled()],
+          "flush_denormal": bool((tiny * 1.0).item() == 0.0), "default_dtype": str(torch.get_default_dtype()),
+          "default_device": str(torch.get_default_device()) if hasattr(torch, "get_default_device") else "",
+          "grad": torch.is_grad_enabled(), "inference_mode": torch.is_inference_mode_enabled(),
+          "python_threads": threading.active_count(), "affinity": sorted(os.sched_getaffinity(0))
+          if hasattr(os, "sched_getaffinity") else [], "nice": os.getpriority(os.PRIO_PROCESS, 0),
+          "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    if _CUDA and torch.cuda.is_initialized():
+        st["cuda_device"] = torch.cuda.current_device()
+        st["cuda_stream"] = torch.cuda.current_stream().cuda_stream
+        st["allocator"] = torch.cuda.get_allocator_backend()
+    return st
+
+
+def _state_change(st: State) -> str:
+    if st.state0 is None:
+        return ""
+    now = process_state()
+    diff = [f"{k} {st.state0.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(st.state0))
+            if now.get(k) != st.state0.get(k) and k in st.state0]
+    return "; ".join(diff)
