@@ -137,57 +137,79 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     sides = [(timer, base_role, b_all), (cand, "candidate", c_all)] + ([(cand, "baseline", i_all)] if beside else [])
     while True:
         for r in range(batch):
-            fill = [rng.randrange(contents) for _ in range(buffers)]
-            perturb = rng.getrandbits(62)
-            # Rounds alternate between two mirrored orders, the candidate in the middle (Bx C Bi | Bi C Bx):
-            # the apart baseline and the candidate each follow a sample of the other process half the time.
-            for w, role, into in (sides if len(b_all) % 2 == 0 else sides[::-1]):
-                msg = {"op": "time", "role": role, "reps": reps, "start": k, "fill": fill, "perturb": perturb}
-                ns, bad = _sample(w, msg, timeout_s)
-                if bad:
-                    return None, [bad], kept
-                into.append(ns)
-                if role == "candidate":
-                    keep = r == batch - 1 or (len(kept) < MAX_CHECKED_SAMPLES and rng.random() < KEEP_PROBABILITY)
-                    w.request({"op": "keep", "keep": keep}, timeout_s)
-                    if keep:
-                        kept.append(CheckedSample(k, fill, perturb))
+            bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, last=r == batch - 1)
+            if bad:
+                return None, [bad], kept
             k += reps
-        ests = [(estimate(b_all, c_all, policy.confidence), estimate(b_all, c_all, policy.futility_confidence))]
-        if beside:
-            ests.append((estimate(i_all, c_all, policy.confidence), estimate(i_all, c_all, policy.futility_confidence)))
-        states = [decide(e, policy.min_improvement, f.high) for e, f in ests]
-        state = "reject" if "reject" in states else "accept" if all(x == "accept" for x in states) else "undecided"
+        state, apart, near = _look(policy, b_all, c_all, i_all if beside else None)
         spent = time.monotonic() - start
         if state != "undecided" or spent > policy.time_budget_s or len(b_all) >= policy.max_rounds:
             break
         # Double the sample count, but stay inside the budget at the measured rate.
         rate = spent / len(b_all)
         batch = max(4, min(len(b_all), policy.max_rounds - len(b_all), int((policy.time_budget_s - spent) / rate) + 1))
-    apart = ests[0][0]
-    near = ests[1][0] if beside else apart
-    est = min(apart, near, key=lambda e: e.low)  # the binding comparison is the one reported
+    est = min(apart, near or apart, key=lambda e: e.low)  # the binding comparison is the one reported
     timing = Timing(mode=mode, baseline_ms=statistics.median(b_all) / reps / 1e6,
                     candidate_ms=statistics.median(c_all) / reps / 1e6, speedup=est.speedup, speedup_low=est.low,
                     speedup_high=est.high, samples=len(b_all), calls_per_sample=reps,
                     baseline_ns=b_all, candidate_ns=c_all, apart_speedup=apart.speedup, apart_low=apart.low,
-                    beside_speedup=near.speedup if beside else 0.0, beside_low=near.low if beside else 0.0,
+                    beside_speedup=near.speedup if near else 0.0, beside_low=near.low if near else 0.0,
                     beside_ns=i_all)
-    if state == "accept" and beside:
+    return timing, _reasons(policy, state, est, apart, near, b_all, i_all), kept
+
+
+def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, timeout_s: float,
+           kept: list, last: bool) -> Reason | None:
+    """One sample of each side, with fresh input values; the candidate's sample is checked when the draw
+    says so (or `last`: the batch's last round). Appends to the sides' lists; a reason on a forged sample."""
+    fill = [rng.randrange(contents) for _ in range(buffers)]
+    perturb = rng.getrandbits(62)
+    # Rounds alternate between two mirrored orders, the candidate in the middle (Bx C Bi | Bi C Bx): the
+    # apart baseline and the candidate each follow a sample of the other process half the time.
+    for w, role, into in (sides if len(sides[0][2]) % 2 == 0 else sides[::-1]):
+        msg = {"op": "time", "role": role, "reps": reps, "start": k, "fill": fill, "perturb": perturb}
+        ns, bad = _sample(w, msg, timeout_s)
+        if bad:
+            return bad
+        into.append(ns)
+        if role == "candidate":
+            keep = last or (len(kept) < MAX_CHECKED_SAMPLES and rng.random() < KEEP_PROBABILITY)
+            w.request({"op": "keep", "keep": keep}, timeout_s)
+            if keep:
+                kept.append(CheckedSample(k, fill, perturb))
+    return None
+
+
+def _look(policy, b_all: list, c_all: list, i_all: list | None) -> tuple[str, Estimate, Estimate | None]:
+    """The decision so far: 'accept' when both comparisons clear, 'reject' when either clearly cannot,
+    else 'undecided'; with the apart and beside estimates (beside None when not timed)."""
+    apart = estimate(b_all, c_all, policy.confidence)
+    states = [decide(apart, policy.min_improvement, estimate(b_all, c_all, policy.futility_confidence).high)]
+    near = None
+    if i_all is not None:
+        near = estimate(i_all, c_all, policy.confidence)
+        states.append(decide(near, policy.min_improvement, estimate(i_all, c_all, policy.futility_confidence).high))
+    state = "reject" if "reject" in states else "accept" if all(x == "accept" for x in states) else "undecided"
+    return state, apart, near
+
+
+def _reasons(policy, state: str, est: Estimate, apart: Estimate, near: Estimate | None, b_all: list,
+             i_all: list) -> list[Reason]:
+    """Why the pass's timing rejects, if it does."""
+    if state == "accept" and near is not None:
         slowed = estimate(i_all, b_all, policy.confidence)  # the baseline beside the candidate against apart
         if slowed.low > 1 + SLOWED_BESIDE:
-            return timing, [Reason("original-slowed", f"the original ran {slowed.speedup:.2f}x slower in the candidate's "
-                                   f"worker than in its own (lower bound {slowed.low:.2f}x): the candidate "
-                                   "slows down code that runs after it")], kept
+            return [Reason("original-slowed", f"the original ran {slowed.speedup:.2f}x slower in the candidate's worker "
+                                              f"than in its own (lower bound {slowed.low:.2f}x): the candidate slows "
+                                              "down code that runs after it")]
     if state == "accept":
-        return timing, [], kept
+        return []
     need = 1 + policy.min_improvement
     how = "clearly not" if state == "reject" else "not shown to be"
     both = (f" (against the original in its own worker {apart.speedup:.3f}x, lower bound {apart.low:.3f}x; in the "
-            f"candidate's worker {near.speedup:.3f}x, lower bound {near.low:.3f}x)") if beside else ""
-    return timing, [Reason("not-faster", f"{how} faster: speedup {est.speedup:.3f}x, {policy.confidence:.1%} lower "
-                                         f"bound {est.low:.3f}x, needs > {need:.3f}x ({len(b_all)} paired samples)"
-                                         f"{both}")], kept
+            f"candidate's worker {near.speedup:.3f}x, lower bound {near.low:.3f}x)") if near else ""
+    return [Reason("not-faster", f"{how} faster: speedup {est.speedup:.3f}x, {policy.confidence:.1%} lower "
+                                 f"bound {est.low:.3f}x, needs > {need:.3f}x ({len(b_all)} paired samples){both}")]
 
 
 def solo_ns(worker, role: str, timeout_s: float, samples: int = 7) -> float:
