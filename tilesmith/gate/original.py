@@ -84,7 +84,9 @@ class Reference:
         # else, so that it carries no history of code the candidate's worker never ran (the float64
         # reference's eager ops, an OpenMP pool they grew). The reference worker as timer measured the
         # original against itself at up to 1.24x on the oversubscribed example; this one, up to 1.15x.
-        self.timer = start_worker("timer", ctx["scratch"], device, (gdir,), ctx.get("spares"))
+        # A correctness-only check (the agent's `check`) times nothing: no timer.
+        self.timer = None if policy.correctness_only else start_worker("timer", ctx["scratch"], device, (gdir,),
+                                                                       ctx.get("spares"))
         missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
         args = (gdir, missing, contents[next(iter(contents))], pair, ctx, quiet_first)
         self._thread = threading.Thread(target=self._run, args=args, daemon=True)
@@ -106,6 +108,8 @@ class Reference:
             if solo:
                 _SOLO_CACHE[self._solo_key] = solo
             base = {"baseline": True}
+            if self.timer is None:
+                return
             if ctx.get("timing_base"):
                 best = self.timer.dir / "timing_baseline.py"
                 best.write_bytes(Path(ctx["timing_base"]).read_bytes())
@@ -142,12 +146,13 @@ class Reference:
     def close(self) -> None:
         """Stop the reference worker (still running when the candidate failed before it was needed)."""
         self.quiet.set()
+        workers = [w for w in (self.worker, self.timer) if w is not None]
         if self._thread.is_alive():
-            self.worker.kill()
-            self.timer.kill()
+            for w in workers:
+                w.kill()
             self._thread.join()
-        self.worker.close()
-        self.timer.close()
+        for w in workers:
+            w.close()
 
 
 def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, quiet, quiet_first: list,

@@ -137,10 +137,15 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     sides = [(timer, base_role, b_all), (cand, "candidate", c_all)] + ([(cand, "baseline", i_all)] if beside else [])
     while True:
         for r in range(batch):
-            bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, last=r == batch - 1)
+            # The budget is also checked between rounds: on a loaded machine a batch sized at the rate
+            # measured so far can take several times longer (a 10 s budget ran 28.9 s).
+            last = r == batch - 1 or time.monotonic() - start > policy.time_budget_s
+            bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, last=last)
             if bad:
                 return None, [bad], kept
             k += reps
+            if last:
+                break
         state, apart, near = _look(policy, b_all, c_all, i_all if beside else None)
         spent = time.monotonic() - start
         if state != "undecided" or spent > policy.time_budget_s or len(b_all) >= policy.max_rounds:
