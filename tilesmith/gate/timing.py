@@ -118,11 +118,12 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     buffers with the same random choice of contents, then perturbs them with the same fresh seed: the
     values of every round are new (no cache keyed on addresses or on contents can answer a call).
     Right after each candidate sample the parent draws whether its outputs are checked (its last call
-    and one call the worker drew during it), and says so before anything else runs in that worker:
-    outputs held in memory while the baseline runs beside would make the baseline's calls allocate
-    afresh (page faults on CPU: a 1.7x slower baseline, measured). The last round of every batch is
-    always checked, so the pass's last timed call is. Returns the timing, the reasons to reject, and the
-    checked samples: fetch their outputs with a `checks` request.
+    and one call the worker drew during it), and says so with the next request to that worker, which
+    acts on it before anything else: outputs held in memory while the baseline runs beside would make
+    the baseline's calls allocate afresh (page faults on CPU: a 1.7x slower baseline, measured). The
+    last round of every batch is always checked, so the pass's last timed call is; its word may still be
+    pending when the pass ends: fetch the checked samples' outputs with a `checks` request, keep=True.
+    Returns the timing, the reasons to reject, and the checked samples.
     """
     rng = random.SystemRandom()
     buffers = max(1, buffers or policy.rotating_sets)
@@ -130,6 +131,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     c_all: list[int] = []
     i_all: list[int] = []
     kept: list[CheckedSample] = []
+    pending: dict = {}  # the check draw of the candidate's last sample, until sent to its worker
     k = 0
     start = time.monotonic()
     batch = policy.min_rounds
@@ -140,7 +142,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
             # The budget is also checked between rounds: on a loaded machine a batch sized at the rate
             # measured so far can take several times longer (a 10 s budget ran 28.9 s).
             last = r == batch - 1 or time.monotonic() - start > policy.time_budget_s
-            bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, last=last)
+            bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, last=last)
             if bad:
                 return None, [bad], kept
             k += reps
@@ -164,22 +166,27 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
 
 
 def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, timeout_s: float,
-           kept: list, last: bool) -> Reason | None:
+           kept: list, pending: dict, last: bool) -> Reason | None:
     """One sample of each side, with fresh input values; the candidate's sample is checked when the draw
-    says so (or `last`: the batch's last round). Appends to the sides' lists; a reason on a forged sample."""
+    says so (or `last`: the batch's last round). The draw is made when its sample is back, and sent with
+    the next request to the candidate's worker (`pending`), which acts on it before anything else.
+    Appends to the sides' lists; a reason on a forged sample."""
     fill = [rng.randrange(contents) for _ in range(buffers)]
     perturb = rng.getrandbits(62)
     # Rounds alternate between two mirrored orders, the candidate in the middle (Bx C Bi | Bi C Bx): the
     # apart baseline and the candidate each follow a sample of the other process half the time.
+    cand = next(w for w, role, _ in sides if role == "candidate")
     for w, role, into in (sides if len(sides[0][2]) % 2 == 0 else sides[::-1]):
         msg = {"op": "time", "role": role, "reps": reps, "start": k, "fill": fill, "perturb": perturb}
+        if w is cand:
+            msg["keep"] = pending.pop("keep", False)  # the word on its last candidate sample, drawn already
         ns, bad = _sample(w, msg, timeout_s)
         if bad:
             return bad
         into.append(ns)
         if role == "candidate":
             keep = last or (len(kept) < MAX_CHECKED_SAMPLES and rng.random() < KEEP_PROBABILITY)
-            w.request({"op": "keep", "keep": keep}, timeout_s)
+            pending["keep"] = keep
             if keep:
                 kept.append(CheckedSample(k, fill, perturb))
     return None
