@@ -36,7 +36,7 @@ def test_the_key_read_from_proc_reaches_no_model_request_and_no_file(inference_w
     stub = StubOpenAI(route, model="stub-model")
     code = ("import sys; from tilesmith.optimize import OptimizeSettings, optimize; "
             "r = optimize(sys.argv[1], OptimizeSettings(optimizer='agent', model='stub-model', max_model_calls=2, "
-            "gate_time_budget_s=1.0)); print(r.run_id)")
+            "gate_time_budget_s=1.0, warm_start=False)); print(r.run_id)")  # the tuner's warm start has its own test
     env = {**os.environ, "OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": stub.base_url, "TILESMITH_HOME": str(home),
            "TILESMITH_SANDBOX": "off", "TILESMITH_MODEL_WAIT_S": "30", "OMP_NUM_THREADS": "1"}
     try:
