@@ -35,19 +35,6 @@ def worker_env(tmp: Path) -> dict:
     return sandbox.scrubbed_env(tmp)
 
 
-def openmp_wait(environ) -> dict:
-    """OpenMP threads that spin briefly after a parallel region, unless the user chose otherwise.
-
-    Timed workers take turns on the same cores. After its sample a worker's OpenMP threads spin-wait
-    (libgomp: GOMP_SPINCOUNT 300,000 pauses, milliseconds) on the cores the next worker's sample then
-    needs: on 2 cores a baseline timed right after the candidate's worker ran 2.7x slower than one timed
-    after itself, and a true 1.085x win read as 0.98-1.01x. 10,000 still spans the gaps between the
-    kernels of one call. Intel's runtime: KMP_BLOCKTIME, in ms. A setting the user made is kept."""
-    if any(k in environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")):
-        return {}
-    return {"GOMP_SPINCOUNT": "10000", "KMP_BLOCKTIME": "1"}
-
-
 class Worker:
     """One `python -m tilesmith.gate.worker` process; requests on stdin, replies on a private pipe."""
 
@@ -62,7 +49,7 @@ class Worker:
         r, w = os.pipe()
         self._log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", str(w)]
-        env = {**worker_env(self.dir), "TILESMITH_GATE_DEVICE": device, **openmp_wait(os.environ)}
+        env = {**worker_env(self.dir), "TILESMITH_GATE_DEVICE": device}
         spec = sandbox.Spec(scratch=str(self.dir), readable=[str(p) for p in readable])
         self.proc = sandbox.popen(cmd, spec, env, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
                                   pass_fds=(w,))
