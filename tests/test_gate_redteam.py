@@ -71,7 +71,9 @@ def test_a_cache_keyed_on_input_values_gains_nothing_because_every_timed_call_se
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     v = _judge(inf_graph, redteam.remembers_outputs_by_input_content((inf_graph / "wrapper.py").read_text()), tmp_path,
                confirm=False)
-    assert not v.accepted and v.codes == ["not-faster"], v.reasons
+    # Either it computed every call (and gains nothing), or a value it remembered came back wrong for the
+    # new inputs and the in-timing check caught it: rejected both ways.
+    assert not v.accepted and v.codes in (["not-faster"], ["wrong-values-in-timing"]), v.reasons
     t = v.first.timing
     assert t.checked_calls >= 2, t  # its timed calls were checked: computed every call, and right
 
