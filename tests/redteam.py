@@ -155,3 +155,63 @@ for _g in [o for o in torch._dynamo.utils.gc.get_objects() if isinstance(o, dict
             break
 
 class Runner:''', 1)
+
+
+def hogs_the_cores_from_a_raw_thread(text: str) -> str:
+    """The original, plus a thread started below `threading`'s bookkeeping (its low-level start function,
+    reached as an attribute of a torch module: threading.active_count() does not count such a thread) that
+    keeps a core busy whenever the candidate is not running (a flag in a tensor, set during each call):
+    the original, timed apart or beside, shares the machine with it; the candidate never does."""
+    text = text.replace("\nclass Runner:", '''
+import torch._dynamo.utils
+
+
+
+def _hog(busy):
+    x = torch.ones(8192)
+    while True:
+        if int(busy[0]) == 0:
+            x.mul_(1.0)
+        else:
+            torch._dynamo.utils.os.sched_yield()
+
+
+def _flag():
+    return torch.zeros(1, dtype=torch.int64)
+
+
+_busy = _flag()
+torch._dynamo.utils.threading._start_new_thread(_hog, (_busy, ))
+
+class Runner:''', 1)
+    return _before_return(_after_clear(text, "_busy.fill_(1)"), "_busy.fill_(0)")
+
+
+def hogs_the_cores_from_a_forked_process(text: str) -> str:
+    """The same hog in a process of its own, forked at import (os reached as an attribute of a torch module),
+    the flag in shared memory: no thread of the worker, no patched attribute, nothing in the worker's process
+    state changes; its CPU time counts only in the process tree the parent watches."""
+    text = text.replace("\nclass Runner:", '''
+import torch._dynamo.utils
+
+
+
+def _hog(busy):
+    x = torch.ones(8192)
+    while True:
+        if int(busy[0]) == 0:
+            x.mul_(1.0)
+        else:
+            torch._dynamo.utils.os.sched_yield()
+
+
+def _flag():
+    return torch.zeros(1, dtype=torch.int64).share_memory_()
+
+
+_busy = _flag()
+if torch._dynamo.utils.os.fork() == 0:
+    _hog(_busy)
+
+class Runner:''', 1)
+    return _before_return(_after_clear(text, "_busy.fill_(1)"), "_busy.fill_(0)")

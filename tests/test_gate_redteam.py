@@ -46,6 +46,8 @@ CHEATS = [
     (redteam.starves_what_runs_after_it, "process-state", "correctness"),
     (redteam.slows_the_library_the_original_calls, "process-state", "load"),
     (redteam.swaps_the_originals_kernels, "process-state", "load"),
+    (redteam.hogs_the_cores_from_a_raw_thread, "process-state", "correctness"),
+    (redteam.hogs_the_cores_from_a_forked_process, "background-work", "timing"),
 ]
 
 

@@ -398,6 +398,8 @@ def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets:
 
 
 def _timing_warnings(v: Verdict, p: Pass, policy: Policy, per_call_ns: float) -> None:
+    from tilesmith.gate import timing
+
     if p.timing.speedup > policy.suspicious_speedup:
         v.warnings.append(Reason("suspicious-speedup", f"{p.timing.speedup:.1f}x is above "
                                  f"{policy.suspicious_speedup:g}x: confirmed in a fresh worker before acceptance"))
@@ -407,6 +409,11 @@ def _timing_warnings(v: Verdict, p: Pass, policy: Policy, per_call_ns: float) ->
         # design still compares like with like, and the warning shows up in reports.
         v.warnings.append(Reason("baseline-slowed", f"the original took {p.timing.baseline_ms:.3f} ms per call next to "
                               f"the candidate but {solo_ms:.3f} ms alone: the candidate may slow it down"))
+    slowed = timing.slowed_beside(p.timing, policy.confidence)
+    if slowed and slowed.low > 1 + timing.SLOWED_BESIDE:
+        v.warnings.append(Reason("original-slowed", f"the original ran {slowed.speedup:.2f}x slower in the candidate's "
+                                 f"worker than in its own (lower bound {slowed.low:.2f}x): the candidate leaves its "
+                                 "process slower for code that runs after it (the decision used the original apart)"))
 
 
 def _compare(p: Pass, named_sets: list, got: dict, base: dict, ref64, pair) -> list[Reason]:

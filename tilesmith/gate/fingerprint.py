@@ -4,6 +4,7 @@ runs in the worker and compared after every request (a change is the reply `proc
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,8 @@ def process_state() -> dict:
           "flush_denormal": bool((tiny * 1.0).item() == 0.0), "default_dtype": str(torch.get_default_dtype()),
           "default_device": str(torch.get_default_device()) if hasattr(torch, "get_default_device") else "",
           "grad": torch.is_grad_enabled(), "inference_mode": torch.is_inference_mode_enabled(),
-          "python_threads": threading.active_count(), "affinity": sorted(os.sched_getaffinity(0))
+          # Every thread that runs Python, also one started below `threading` (its bookkeeping misses those).
+          "python_threads": threading.active_count(), "thread_states": len(sys._current_frames()), "affinity": sorted(os.sched_getaffinity(0))
           if hasattr(os, "sched_getaffinity") else [], "nice": os.getpriority(os.PRIO_PROCESS, 0),
           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     if _CUDA and torch.cuda.is_initialized():

@@ -35,6 +35,52 @@ def worker_env(tmp: Path) -> dict:
     return sandbox.scrubbed_env(tmp)
 
 
+def openmp_wait(env: dict) -> dict:
+    """env, with OpenMP threads that spin only briefly after a parallel region.
+
+    Timed workers take turns on the same cores. After its sample a worker's OpenMP threads spin-wait
+    (libgomp's default: GOMP_SPINCOUNT 300,000 pauses, milliseconds) on the cores the next worker's sample
+    then needs: on 2 cores a baseline timed right after the candidate's worker ran 2.7x slower than one
+    timed after itself, and a true 1.085x win read as 0.98-1.01x (benchmarks/RESULTS.md). 10,000 still
+    spans the gaps between the kernels of one call. Intel's runtime: KMP_BLOCKTIME, in ms. The gate sets
+    them whatever the user's environment says (OMP_WAIT_POLICY=active would spin for ever), except a
+    passive policy, which never spins and is kept. A worker that stays busy between its requests is
+    rejected (timing.py, IDLE_CPU_SHARE), so the gate's workers must go quiet when they are done."""
+    if env.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
+        return env
+    out = {k: v for k, v in env.items() if k != "OMP_WAIT_POLICY"}
+    out.update(GOMP_SPINCOUNT="10000", KMP_BLOCKTIME="1")
+    return out
+
+
+_TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
+
+
+def tree_cpu_ns(pid: int) -> int:
+    """CPU time (user and system, every thread, live or ended, and reaped children) of process `pid` and
+    of every process under it, from /proc, in ns (the kernel's clock-tick resolution: 10 ms on Linux).
+    Read from outside the process, so nothing the process runs can change it; 0 where /proc is absent.
+    A child that detaches from the tree leaves it, but not the sandbox: in the sandbox's PID namespace
+    an orphan's new parent is the worker itself."""
+    total, seen, todo = 0, set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/stat", "rb") as f:
+                raw = f.read()
+            fields = raw[raw.rindex(b")") + 2:].split()  # fields 3.. of proc(5); the name may hold spaces
+            total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children", "rb") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError, IndexError):
+            continue  # gone since it was listed
+    return int(total * _TICK_NS)
+
+
 class Worker:
     """One `python -m tilesmith.gate.worker` process; requests on stdin, replies on a private pipe."""
 
@@ -49,7 +95,7 @@ class Worker:
         r, w = os.pipe()
         self._log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", str(w)]
-        env = {**worker_env(self.dir), "TILESMITH_GATE_DEVICE": device}
+        env = openmp_wait({**worker_env(self.dir), "TILESMITH_GATE_DEVICE": device})
         spec = sandbox.Spec(scratch=str(self.dir), readable=[str(p) for p in readable])
         self.proc = sandbox.popen(cmd, spec, env, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
                                   pass_fds=(w,))
@@ -76,6 +122,10 @@ class Worker:
             self.close()
             raise WorkerFailure(str(d.get("code") or "raised")[:40], sandbox.redact(str(d.get("error") or "failed"))[:800])
         return d
+
+    def cpu_ns(self) -> int:
+        """CPU time the worker and every process it started have used so far (tree_cpu_ns)."""
+        return tree_cpu_ns(self.proc.pid)
 
     def _read_line(self, timeout_s: float) -> bytes:
         deadline = time.monotonic() + timeout_s

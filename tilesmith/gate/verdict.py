@@ -100,6 +100,10 @@ class Timing:
     beside_speedup: float = 0.0
     beside_low: float = 0.0
     beside_ns: list[int] = field(default_factory=list)  # raw totals of the baseline in the candidate's worker
+    # CPU time the candidate's processes used while the original was timed apart, and those samples' wall
+    # time: an honest worker is idle then (timing.IDLE_CPU_SHARE).
+    idle_cpu_ms: float = 0.0
+    idle_wall_ms: float = 0.0
 
 
 @dataclass
