@@ -65,3 +65,20 @@ def test_gpu_gate_still_accepts_a_real_win_with_checked_timed_calls(cuda_graph, 
     v = judge(slow, cand, Policy(time_budget_s=8.0))
     assert v.accepted, v.reasons
     assert v.first.timing.checked_calls >= 2 and v.confirmation.timing.checked_calls >= 2
+
+
+@pytest.mark.parametrize("maker,code", [(redteam.hogs_the_cores_from_a_raw_thread, "process-state"),
+                                        (redteam.hogs_the_cores_from_a_forked_process, "background-work")],
+                         ids=["raw-thread", "forked-process"])
+def test_gpu_gate_rejects_work_left_running_between_calls(cuda_graph, tmp_path, monkeypatch, maker, code):
+    """A hog that runs whenever the candidate does not: caught by the thread count in the fingerprint, or,
+    in a process of its own, by the CPU time of the candidate worker's tree while the original is timed."""
+    from tilesmith.gate import Policy, judge, static
+
+    text = maker((cuda_graph / "wrapper.py").read_text())
+    assert static.screen(text) == []
+    monkeypatch.setattr(static, "screen", lambda t: [])
+    cand = tmp_path / "candidate.py"
+    cand.write_text(text)
+    v = judge(cuda_graph, cand, Policy(time_budget_s=4.0))
+    assert not v.accepted and v.codes == [code], v.reasons
