@@ -66,3 +66,31 @@ def test_spares_are_off_when_set_to_zero_and_a_bad_setting_is_a_clear_error(tmp_
     monkeypatch.setenv("TILESMITH_GATE_SPARES", "many")
     with pytest.raises(TilesmithError, match="TILESMITH_GATE_SPARES"):
         proc.default_spares()
+
+
+@pytest.mark.slow
+def test_decisions_back_to_back_reuse_the_workers_that_ran_only_the_original(inference_ws, tmp_path):
+    """With a pool, the reference worker and the timer (they never load a candidate) serve the next decision
+    on the same graph; the timer only while the timing baseline is the same; the candidate's never."""
+    from tests import gate_helpers as h
+    from tilesmith.gate import Policy, judge
+
+    graph = h.graph_of(inference_ws)
+    cand = tmp_path / "candidate.py"
+    cand.write_text((graph / "wrapper.py").read_text())
+    policy = dict(time_budget_s=2.0, confirm=False)
+    with proc.keep_spares(1) as pool:
+        first = judge(graph, cand, Policy(seed=0, **policy), spares=pool)
+        kept = dict(pool._kept)
+        assert sorted(k[0] for k in kept) == ["reference", "timer"]
+        second = judge(graph, cand, Policy(seed=1, **policy), spares=pool)
+        assert dict(pool._kept) == kept  # the same two processes, kept again
+        third = judge(graph, cand, Policy(seed=2, timing_baseline=str(cand), **policy), spares=pool)
+        assert len(pool._kept) == 3  # a timer for the new baseline beside the first one's
+        workers = list(pool._kept.values())
+    assert "reference.load" in first.stage_seconds and "timer.load" in first.stage_seconds
+    assert "reference.load" not in second.stage_seconds and "timer.load" not in second.stage_seconds
+    assert "reference.load" not in third.stage_seconds and "timer.load" in third.stage_seconds
+    for v in (first, second, third):  # the original against itself: never faster, whichever workers timed it
+        assert not v.accepted and v.codes == ["not-faster"], v.reasons
+    assert all(w.proc.poll() is not None for w in workers)  # all gone with the pool

@@ -144,7 +144,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
             v.confirmation = Pass(seed=seeds[1])
             v.accepted = _pass(v, v.confirmation, sets[seeds[1]], contents[seeds[1]], ctx, preps[1], ref, [], True)
     finally:
-        ref.close()
+        ref.close(spares)
         for w in preps:
             w.close()
         if spares is not None:

@@ -79,18 +79,38 @@ class Reference:
         self.base_role = "best" if ctx.get("timing_base") else "baseline"
         from tilesmith.gate.proc import start_worker
 
-        self.worker = start_worker("reference", ctx["scratch"], device, (gdir,), ctx.get("spares"))
         # The worker that times the baseline apart: one of its own that loads the baseline and nothing
         # else, so that it carries no history of code the candidate's worker never ran (the float64
         # reference's eager ops, an OpenMP pool they grew). The reference worker as timer measured the
         # original against itself at up to 1.24x on the oversubscribed example; this one, up to 1.15x.
         # A correctness-only check (the agent's `check`) times nothing: no timer.
-        self.timer = None if policy.correctness_only else start_worker("timer", ctx["scratch"], device, (gdir,),
-                                                                       ctx.get("spares"))
+        # With a pool of spares (decisions back to back), both are kept for the next decision on the same
+        # graph (and, for the timer, the same baseline): they never run candidate code.
+        spares = ctx.get("spares")
+        base_sha = hashlib.sha256(Path(ctx["timing_base"]).read_bytes()).hexdigest() if ctx.get("timing_base") else ""
+        self._kept_keys = ({"reference": spares.trusted_key(device, (str(gdir),), str(gdir), gid),
+                            "timer": spares.trusted_key(device, (str(gdir),), str(gdir), gid, base_sha)}
+                           if spares is not None else {})
+        self.reused: set[str] = set()  # the roles whose worker was kept from an earlier decision
+        self.worker = self._worker("reference", ctx, gdir)
+        self.timer = None if policy.correctness_only else self._worker("timer", ctx, gdir)
+        self._ok = False
         missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
         args = (gdir, missing, contents[next(iter(contents))], pair, ctx, quiet_first)
         self._thread = threading.Thread(target=self._run, args=args, daemon=True)
         self._thread.start()
+
+    def _worker(self, role: str, ctx: dict, gdir: Path):
+        from tilesmith.gate.proc import Worker, start_worker
+
+        spares = ctx.get("spares")
+        if spares is None:
+            return start_worker(role, ctx["scratch"], ctx["device"], (gdir,))
+        w = spares.reuse(role, self._kept_keys[role])
+        if w is not None:
+            self.reused.add(role)
+            return w
+        return Worker(role, spares.home, ctx["device"], (gdir,))  # its folder outlives this decision's
 
     @property
     def done(self) -> bool:
@@ -100,7 +120,8 @@ class Reference:
         t0 = time.monotonic()
         try:
             per_seed, solo = _reference(self.worker, gdir, missing, first_contents, pair, ctx, self.quiet,
-                                        quiet_first, None if self._solo_key not in _SOLO_CACHE else 0.0)
+                                        quiet_first, None if self._solo_key not in _SOLO_CACHE else 0.0,
+                                        loaded="reference" in self.reused)
             for s, r in per_seed.items():
                 while len(_REF_CACHE) >= _REF_CACHE_SEEDS:
                     _REF_CACHE.pop(next(iter(_REF_CACHE)))
@@ -108,14 +129,17 @@ class Reference:
             if solo:
                 _SOLO_CACHE[self._solo_key] = solo
             base = {"baseline": True}
-            if self.timer is None:
+            if self.timer is None or "timer" in self.reused:
+                self._ok = True
                 return
             if ctx.get("timing_base"):
                 best = self.timer.dir / "timing_baseline.py"
                 best.write_bytes(Path(ctx["timing_base"]).read_bytes())
                 base = {"best_file": str(best)}
-            self.timer.request({"op": "load", "graph_dir": str(gdir), "device": ctx["device"], **base},
-                               ctx["policy"].load_timeout_s)
+            with ctx["clock"]("timer.load"):
+                self.timer.request({"op": "load", "graph_dir": str(gdir), "device": ctx["device"], **base},
+                                   ctx["policy"].load_timeout_s)
+            self._ok = True
         except BaseException as e:  # re-raised by get() in the deciding thread
             self.error = e
         finally:
@@ -143,20 +167,24 @@ class Reference:
                 out[part][s] = _REF_CACHE[k][part]
         return out
 
-    def close(self) -> None:
-        """Stop the reference worker (still running when the candidate failed before it was needed)."""
+    def close(self, spares=None) -> None:
+        """Stop the reference worker (still running when the candidate failed before it was needed); with
+        `spares`, keep the reference and timer workers for the next decision when they are idle and well."""
         self.quiet.set()
-        workers = [w for w in (self.worker, self.timer) if w is not None]
+        workers = {r: w for r, w in (("reference", self.worker), ("timer", self.timer)) if w is not None}
         if self._thread.is_alive():
-            for w in workers:
+            for w in workers.values():
                 w.kill()
             self._thread.join()
-        for w in workers:
-            w.close()
+        for role, w in workers.items():
+            if spares is not None and self._ok and self.error is None and role in self._kept_keys:
+                spares.keep(role, self._kept_keys[role], w)
+            else:
+                w.close()
 
 
 def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, quiet, quiet_first: list,
-               solo_known) -> tuple[dict, float | None]:
+               solo_known, loaded: bool = False) -> tuple[dict, float | None]:
     """The original alone, in worker `w`: outputs and the float64 reference on every set of the seeds in
     `missing`; then (once `quiet` is set and the workers in
     quiet_first are idle) a solo per-call time that sizes timed samples, unless `solo_known`."""
@@ -167,8 +195,9 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
     policy, clock, device = ctx["policy"], ctx["clock"], ctx["device"]
     out = {}
     text = (Path(gdir) / WRAPPER_FILE).read_text()
-    with clock("reference.load"):
-        w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": device}, policy.load_timeout_s)
+    if not loaded:  # a kept reference worker has it loaded
+        with clock("reference.load"):
+            w.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": device}, policy.load_timeout_s)
     for seed, named in missing.items():
         f, o = w.dir / f"sets-ref-{seed}.pt", w.dir / f"ref-{seed}.pt"
         save_sets(f, named, torch)

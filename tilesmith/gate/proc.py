@@ -245,8 +245,50 @@ class Spares:
         self._home = Path(tempfile.mkdtemp(prefix="tilesmith-spares-"))
         self._lock = threading.Lock()
         self._pool: dict[str, list[_Spare]] = {}
+        self._kept: dict[tuple, Worker] = {}  # (role, key) -> a worker that has run only the original
         self._closed = False
         _LIVE.add(self)
+
+    @property
+    def home(self) -> Path:
+        """Where the pool's workers keep their folders: outside any one decision's scratch folder."""
+        return self._home
+
+    # Workers that run only trusted code (the original: the reference worker, the timer) carry nothing a
+    # candidate did and are reused by the next decision on the same graph with the same baseline: a
+    # decision then starts one interpreter (its candidate's) instead of three.
+    KEEP_PER_ROLE = 2
+
+    def reuse(self, role: str, key: tuple) -> "Worker | None":
+        """The worker kept for (role, key), if one is, still alive, and was started in this environment."""
+        with self._lock:
+            w = self._kept.pop((role, key), None)
+        if w is not None and w.proc.poll() is None:
+            return w
+        if w is not None:
+            w.close()
+        return None
+
+    def keep(self, role: str, key: tuple, worker: "Worker") -> None:
+        """Keep `worker` (it ran only the original, and is idle) for the next decision with the same key;
+        the oldest of the role's kept workers goes beyond KEEP_PER_ROLE."""
+        drop = []
+        with self._lock:
+            if self._closed or worker.proc.poll() is not None:
+                drop.append(worker)
+            else:
+                old = self._kept.pop((role, key), None)
+                drop += [old] if old is not None else []
+                self._kept[(role, key)] = worker
+                same = [k for k in self._kept if k[0] == role]
+                for k in same[:max(0, len(same) - self.KEEP_PER_ROLE)]:
+                    drop.append(self._kept.pop(k))
+        for w in drop:
+            w.close()
+
+    def trusted_key(self, device: str, readable: tuple, *parts) -> tuple:
+        """A kept worker's key: the environment it would start with now, and what it loaded."""
+        return (_env_fingerprint(device, readable), device, *parts)
 
     def take(self, name: str, scratch: Path, device: str, readable: tuple = ()) -> "Worker":
         fp = _env_fingerprint(device, readable)
@@ -289,6 +331,9 @@ class Spares:
             self._closed = True
             spares = [s for pool in self._pool.values() for s in pool]
             self._pool.clear()
+            kept, self._kept = list(self._kept.values()), {}
+        for w in kept:
+            w.close()
         for s in spares:
             s.worker.kill()
             s.idle()
