@@ -57,4 +57,5 @@ def test_validate_exits_0_and_shows_timing_when_the_candidate_is_faster(slow_mat
     r = _run(slow_matmul_graph, cand, "--min-improvement", "0.05")
     assert r.exit_code == 0, r.output
     assert "ACCEPTED" in r.stdout and "timing" in r.stdout and "confirmation" in r.stdout
+    assert "idle CPU" in r.stdout  # the candidate's worker, watched while the original was timed apart
     assert "sandbox: namespaces" in r.stdout  # the machines this runs on have user namespaces

@@ -91,6 +91,11 @@ def _render(v) -> None:
         console.out.print(console.table("timing", ["pass", "mode", "original ms", "candidate ms", "speedup",
                                                    "one-sided bounds", "apart / beside (lower bounds)",
                                                    "paired samples"], trows))
+    idle = [f"{label} {t.idle_cpu_ms:.0f} ms in {t.idle_wall_ms:.0f} ms"
+            for label, p in (("first", v.first), ("confirmation", v.confirmation)) if p and (t := p.timing) and t.idle_wall_ms]
+    if idle:  # an honest worker is idle then (background-work: timing.IDLE_CPU_SHARE)
+        console.out.print("idle CPU of the candidate's worker while the original was timed apart: " + "; ".join(idle),
+                          markup=False)
     for w in v.warnings:
         console.err.print(f"[yellow]warning:[/yellow] {w.code}: {w.message}", markup=True)
     head = "[green]ACCEPTED[/green]" if v.accepted else f"[red]REJECTED[/red] at {v.stage}"
