@@ -77,8 +77,6 @@ class Reference:
         self.quiet = threading.Event()
         self.error = None
         self.base_role = "best" if ctx.get("timing_base") else "baseline"
-        from tilesmith.gate.proc import start_worker
-
         # The worker that times the baseline apart: one of its own that loads the baseline and nothing
         # else, so that it carries no history of code the candidate's worker never ran (the float64
         # reference's eager ops, an OpenMP pool they grew). The reference worker as timer measured the
