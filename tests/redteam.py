@@ -157,14 +157,8 @@ for _g in [o for o in torch._dynamo.utils.gc.get_objects() if isinstance(o, dict
 class Runner:''', 1)
 
 
-def hogs_the_cores_from_a_raw_thread(text: str) -> str:
-    """The original, plus a thread started below `threading`'s bookkeeping (its low-level start function,
-    reached as an attribute of a torch module: threading.active_count() does not count such a thread) that
-    keeps a core busy whenever the candidate is not running (a flag in a tensor, set during each call):
-    the original, timed apart or beside, shares the machine with it; the candidate never does."""
-    text = text.replace("\nclass Runner:", '''
+_HOG = '''
 import torch._dynamo.utils
-
 
 
 def _hog(busy):
@@ -177,41 +171,32 @@ def _hog(busy):
 
 
 def _flag():
-    return torch.zeros(1, dtype=torch.int64)
+    return torch.zeros(1, dtype=torch.int64){shared}
 
 
 _busy = _flag()
-torch._dynamo.utils.threading._start_new_thread(_hog, (_busy, ))
+{launch}
 
-class Runner:''', 1)
+class Runner:'''
+
+
+def _hogging(text: str, shared: str, launch: str) -> str:
+    """The original, plus `_hog` started by `launch` at import: it keeps a core busy whenever the flag
+    `_busy` (set during each call) says the candidate is not running."""
+    text = text.replace("\nclass Runner:", _HOG.format(shared=shared, launch=launch), 1)
     return _before_return(_after_clear(text, "_busy.fill_(1)"), "_busy.fill_(0)")
+
+
+def hogs_the_cores_from_a_raw_thread(text: str) -> str:
+    """A thread started below `threading`'s bookkeeping (its low-level start function, reached as an
+    attribute of a torch module: threading.active_count() does not count such a thread) that keeps a core
+    busy whenever the candidate is not running: the original, timed apart or beside, shares the machine
+    with it; the candidate never does."""
+    return _hogging(text, "", "torch._dynamo.utils.threading._start_new_thread(_hog, (_busy, ))")
 
 
 def hogs_the_cores_from_a_forked_process(text: str) -> str:
     """The same hog in a process of its own, forked at import (os reached as an attribute of a torch module),
     the flag in shared memory: no thread of the worker, no patched attribute, nothing in the worker's process
     state changes; its CPU time counts only in the process tree the parent watches."""
-    text = text.replace("\nclass Runner:", '''
-import torch._dynamo.utils
-
-
-
-def _hog(busy):
-    x = torch.ones(8192)
-    while True:
-        if int(busy[0]) == 0:
-            x.mul_(1.0)
-        else:
-            torch._dynamo.utils.os.sched_yield()
-
-
-def _flag():
-    return torch.zeros(1, dtype=torch.int64).share_memory_()
-
-
-_busy = _flag()
-if torch._dynamo.utils.os.fork() == 0:
-    _hog(_busy)
-
-class Runner:''', 1)
-    return _before_return(_after_clear(text, "_busy.fill_(1)"), "_busy.fill_(0)")
+    return _hogging(text, ".share_memory_()", "if torch._dynamo.utils.os.fork() == 0:\n    _hog(_busy)")

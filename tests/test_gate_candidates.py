@@ -75,8 +75,6 @@ def test_gate_accepts_a_candidate_that_is_genuinely_faster(slow_graph, tmp_path)
         assert all(c.ok for c in p.correctness)
         # Its worker was watched while the original was timed apart, and stayed (nearly) idle.
         assert p.timing.idle_wall_ms > 0 and p.timing.idle_cpu_ms < 0.1 * p.timing.idle_wall_ms
-        print(f"idle cpu {p.timing.idle_cpu_ms:.0f} ms of {p.timing.idle_wall_ms:.0f} ms; apart "
-              f"{p.timing.apart_speedup:.3f}x beside {p.timing.beside_speedup:.3f}x; warnings {v.warnings}")
     assert v.first.seed != v.confirmation.seed
     import hashlib
 

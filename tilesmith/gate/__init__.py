@@ -117,8 +117,8 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
         timing_base.write_bytes(base_raw)
         v.timing_baseline_sha256 = hashlib.sha256(base_raw).hexdigest()
     device = graph_device(meta)
-    ctx = dict(gdir=gdir, cand=cand, timing_base=timing_base, scratch=scratch, device=device, policy=policy, mode=mode,
-               note=note, clock=clock, WorkerFailure=WorkerFailure, spares=spares,
+    ctx = dict(gdir=gdir, cand=cand, timing_base=timing_base, timing_base_sha=v.timing_baseline_sha256 or "",
+               scratch=scratch, device=device, policy=policy, mode=mode, note=note, clock=clock, WorkerFailure=WorkerFailure, spares=spares,
                modes=_modes(v, mode, raw, timing_base))
     seeds, sets, contents = _input_sets(gdir, meta, policy, clock)
     ctx["pair"] = (1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1)
@@ -257,7 +257,9 @@ def _pass(v: Verdict, p: Pass, named_sets: list, contents: list, ctx: dict, prep
         v.reasons.append(Reason(e.code, f"{v.stage}: {e.message}"))
         return False
     if p.timing:
-        _timing_warnings(v, p, ctx["policy"], r["per_call_ns"])
+        from tilesmith.gate import timing
+
+        v.warnings += timing.warnings(p.timing, ctx["policy"], r["per_call_ns"])
     v.reasons += reasons
     return not reasons
 
@@ -395,25 +397,6 @@ def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets:
                                                          "that differ from the original's on the same inputs")]
     p.timing.checked_calls = sum(len(cs) for cs in calls)
     return []
-
-
-def _timing_warnings(v: Verdict, p: Pass, policy: Policy, per_call_ns: float) -> None:
-    from tilesmith.gate import timing
-
-    if p.timing.speedup > policy.suspicious_speedup:
-        v.warnings.append(Reason("suspicious-speedup", f"{p.timing.speedup:.1f}x is above "
-                                 f"{policy.suspicious_speedup:g}x: confirmed in a fresh worker before acceptance"))
-    solo_ms = per_call_ns / 1e6
-    if p.timing.baseline_ms > 5 * solo_ms and p.timing.baseline_ms > solo_ms + 1.0:
-        # A warning, not a verdict: on a shared machine the solo time can be unlucky; the paired
-        # design still compares like with like, and the warning shows up in reports.
-        v.warnings.append(Reason("baseline-slowed", f"the original took {p.timing.baseline_ms:.3f} ms per call next to "
-                              f"the candidate but {solo_ms:.3f} ms alone: the candidate may slow it down"))
-    slowed = timing.slowed_beside(p.timing, policy.confidence)
-    if slowed and slowed.low > 1 + timing.SLOWED_BESIDE:
-        v.warnings.append(Reason("original-slowed", f"the original ran {slowed.speedup:.2f}x slower in the candidate's "
-                                 f"worker than in its own (lower bound {slowed.low:.2f}x): the candidate leaves its "
-                                 "process slower for code that runs after it (the decision used the original apart)"))
 
 
 def _compare(p: Pass, named_sets: list, got: dict, base: dict, ref64, pair) -> list[Reason]:

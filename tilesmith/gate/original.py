@@ -85,14 +85,13 @@ class Reference:
         # With a pool of spares (decisions back to back), both are kept for the next decision on the same
         # graph (and, for the timer, the same baseline): they never run candidate code.
         spares = ctx.get("spares")
-        base_sha = hashlib.sha256(Path(ctx["timing_base"]).read_bytes()).hexdigest() if ctx.get("timing_base") else ""
+        base_sha = ctx.get("timing_base_sha", "")
         self._kept_keys = ({"reference": spares.trusted_key(device, (str(gdir),), str(gdir), gid),
                             "timer": spares.trusted_key(device, (str(gdir),), str(gdir), gid, base_sha)}
                            if spares is not None else {})
         self.reused: set[str] = set()  # the roles whose worker was kept from an earlier decision
         self.worker = self._worker("reference", ctx, gdir)
         self.timer = None if policy.correctness_only else self._worker("timer", ctx, gdir)
-        self._ok = False
         missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
         args = (gdir, missing, contents[next(iter(contents))], pair, ctx, quiet_first)
         self._thread = threading.Thread(target=self._run, args=args, daemon=True)
@@ -128,7 +127,6 @@ class Reference:
                 _SOLO_CACHE[self._solo_key] = solo
             base = {"baseline": True}
             if self.timer is None or "timer" in self.reused:
-                self._ok = True
                 return
             if ctx.get("timing_base"):
                 best = self.timer.dir / "timing_baseline.py"
@@ -137,7 +135,6 @@ class Reference:
             with ctx["clock"]("timer.load"):
                 self.timer.request({"op": "load", "graph_dir": str(gdir), "device": ctx["device"], **base},
                                    ctx["policy"].load_timeout_s)
-            self._ok = True
         except BaseException as e:  # re-raised by get() in the deciding thread
             self.error = e
         finally:
@@ -175,7 +172,8 @@ class Reference:
                 w.kill()
             self._thread.join()
         for role, w in workers.items():
-            if spares is not None and self._ok and self.error is None and role in self._kept_keys:
+            # The thread has ended: without an error, both workers did all they were asked and are idle.
+            if spares is not None and self.error is None and role in self._kept_keys:
                 spares.keep(role, self._kept_keys[role], w)
             else:
                 w.close()

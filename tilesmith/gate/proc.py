@@ -19,6 +19,7 @@ import weakref
 from pathlib import Path
 
 from tilesmith import sandbox
+from tilesmith.gate.procfs import tree_cpu_ns
 from tilesmith.sandbox import _SECRET
 
 class WorkerFailure(Exception):
@@ -51,34 +52,6 @@ def openmp_wait(env: dict) -> dict:
     out = {k: v for k, v in env.items() if k != "OMP_WAIT_POLICY"}
     out.update(GOMP_SPINCOUNT="10000", KMP_BLOCKTIME="1")
     return out
-
-
-_TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
-
-
-def tree_cpu_ns(pid: int) -> int:
-    """CPU time (user and system, every thread, live or ended, and reaped children) of process `pid` and
-    of every process under it, from /proc, in ns (the kernel's clock-tick resolution: 10 ms on Linux).
-    Read from outside the process, so nothing the process runs can change it; 0 where /proc is absent.
-    A child that detaches from the tree leaves it, but not the sandbox: in the sandbox's PID namespace
-    an orphan's new parent is the worker itself."""
-    total, seen, todo = 0, set(), [pid]
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            with open(f"/proc/{p}/stat", "rb") as f:
-                raw = f.read()
-            fields = raw[raw.rindex(b")") + 2:].split()  # fields 3.. of proc(5); the name may hold spaces
-            total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
-            for t in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{t}/children", "rb") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except (OSError, ValueError, IndexError):
-            continue  # gone since it was listed
-    return int(total * _TICK_NS)
 
 
 class Worker:

@@ -165,14 +165,19 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
         rate = spent / len(b_all)
         batch = max(4, min(len(b_all), policy.max_rounds - len(b_all), int((policy.time_budget_s - spent) / rate) + 1))
     est = min(apart, near or apart, key=lambda e: e.low)  # the binding comparison is the one reported
-    timing = Timing(mode=mode, baseline_ms=statistics.median(b_all) / reps / 1e6,
-                    candidate_ms=statistics.median(c_all) / reps / 1e6, speedup=est.speedup, speedup_low=est.low,
-                    speedup_high=est.high, samples=len(b_all), calls_per_sample=reps,
-                    baseline_ns=b_all, candidate_ns=c_all, apart_speedup=apart.speedup, apart_low=apart.low,
-                    beside_speedup=near.speedup if near else 0.0, beside_low=near.low if near else 0.0,
-                    beside_ns=i_all, idle_cpu_ms=idle["cpu"] / 1e6, idle_wall_ms=idle["wall"] / 1e6)
     busy = _busy(idle)
-    return timing, [busy] if busy else _reasons(policy, state, est, apart, near, b_all), kept
+    return (_summary(mode, reps, est, apart, near, b_all, c_all, i_all, idle),
+            [busy] if busy else _reasons(policy, state, est, apart, near, b_all), kept)
+
+
+def _summary(mode: str, reps: int, est: Estimate, apart: Estimate, near: Estimate | None, b_all: list,
+             c_all: list, i_all: list, idle: dict) -> Timing:
+    return Timing(mode=mode, baseline_ms=statistics.median(b_all) / reps / 1e6,
+                  candidate_ms=statistics.median(c_all) / reps / 1e6, speedup=est.speedup, speedup_low=est.low,
+                  speedup_high=est.high, samples=len(b_all), calls_per_sample=reps,
+                  baseline_ns=b_all, candidate_ns=c_all, apart_speedup=apart.speedup, apart_low=apart.low,
+                  beside_speedup=near.speedup if near else 0.0, beside_low=near.low if near else 0.0,
+                  beside_ns=i_all, idle_cpu_ms=idle["cpu"] / 1e6, idle_wall_ms=idle["wall"] / 1e6)
 
 
 def _busy(idle: dict) -> Reason | None:
@@ -241,6 +246,28 @@ def _reasons(policy, state: str, est: Estimate, apart: Estimate, near: Estimate 
             f"candidate's worker {near.speedup:.3f}x, lower bound {near.low:.3f}x)") if near else ""
     return [Reason("not-faster", f"{how} faster: speedup {est.speedup:.3f}x, {policy.confidence:.1%} lower "
                                  f"bound {est.low:.3f}x, needs > {need:.3f}x ({len(b_all)} paired samples){both}")]
+
+
+def warnings(t: Timing, policy, per_call_ns: float) -> list[Reason]:
+    """What a pass's timing says without rejecting: a speedup to confirm, an original slower next to the
+    candidate than alone or beside it than apart."""
+    out = []
+    if t.speedup > policy.suspicious_speedup:
+        out.append(Reason("suspicious-speedup", f"{t.speedup:.1f}x is above {policy.suspicious_speedup:g}x: "
+                                                "confirmed in a fresh worker before acceptance"))
+    solo_ms = per_call_ns / 1e6
+    if t.baseline_ms > 5 * solo_ms and t.baseline_ms > solo_ms + 1.0:
+        # A warning, not a verdict: on a shared machine the solo time can be unlucky; the paired
+        # design still compares like with like, and the warning shows up in reports.
+        out.append(Reason("baseline-slowed", f"the original took {t.baseline_ms:.3f} ms per call next to the "
+                                             f"candidate but {solo_ms:.3f} ms alone: the candidate may slow it down"))
+    slowed = slowed_beside(t, policy.confidence)
+    if slowed and slowed.low > 1 + SLOWED_BESIDE:
+        out.append(Reason("original-slowed", f"the original ran {slowed.speedup:.2f}x slower in the candidate's worker "
+                                             f"than in its own (lower bound {slowed.low:.2f}x): the candidate leaves its "
+                                             "process slower for code that runs after it (the decision used the "
+                                             "original apart)"))
+    return out
 
 
 def slowed_beside(t: Timing, confidence: float) -> Estimate | None:
