@@ -19,8 +19,12 @@ from tilesmith_cli.app import app
 
 runner = CliRunner()
 # Seconds of timing per gate pass: a decided case stops early; 4 s left a genuine ~1.5x win undecided now
-# that the original and the candidate are timed in two processes (more noise between them).
-FAST_GATE = dict(gate_time_budget_s=10.0)
+# that the original and the candidate are timed in two processes (more noise between them), and on CI's
+# loaded 2-core machine 10 s once left the confirmation of a ~1.3x win short.
+FAST_GATE = dict(gate_time_budget_s=20.0)
+# A genuine win is offered up to this many times where the test is about something other than the gate's
+# power (measured by benchmarks/gate_calibration.py): one miss on a shared machine must not fail CI.
+TRIES = 3
 
 
 def _serial(text: str) -> str:
@@ -40,15 +44,24 @@ def wsmod_header_end() -> str:
 
 
 def _scripted(texts_and_labels):
-    """An optimizer that proposes fixed sources in order and records the verdicts it is sent."""
+    """An optimizer that proposes fixed sources in order and records the verdicts it is sent. A label
+    ending in '+' is a genuine win: proposed again (up to TRIES times) until it is accepted."""
     seen = []
 
     def propose(track, settings):
         for text, label in texts_and_labels:
-            verdict = yield Candidate(text(track), label)
-            seen.append(verdict)
+            for _ in range(TRIES if label.endswith("+") else 1):
+                verdict = yield Candidate(text(track), label)
+                seen.append(verdict)
+                if verdict["accepted"]:
+                    break
 
     return from_generator(propose), seen
+
+
+def _why(seen) -> str:
+    return "; ".join(f"{v['accepted']} {v['stage']} {[r['code'] + ': ' + r['message'] for r in v['reasons']]}"
+                     for v in seen)
 
 
 def _nothing_to_try(track, settings):
@@ -57,22 +70,24 @@ def _nothing_to_try(track, settings):
 
 def test_loops_need_confirmed_wins_and_a_rejected_candidate_keeps_the_same_loop_going(oversub_ws):
     scripted, seen = _scripted([(lambda t: t.best_text, "the original again"),
-                               (lambda t: _serial(t.best_text), "serial OpenMP regions"),
+                               (lambda t: _serial(t.best_text), "serial OpenMP regions+"),
                                (lambda t: t.best_text, "the accepted source once more")])
     r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, **FAST_GATE), optimizer=scripted)
     (t,) = r.tracks
-    assert [v["accepted"] for v in seen] == [False, True, False]
+    misses = len(seen) - 3  # the genuine win's rejected tries
+    assert [v["accepted"] for v in seen] == [False] + [False] * misses + [True, False], _why(seen)
     assert seen[0]["stage"] == "timing" and seen[0]["reasons"][0]["code"] == "not-faster"
     # loop 2 is timed against the best so far: the accepted source again is not an improvement
     track = runs.track_dir(r.run_id, t.key)
     assert seen[0]["timing_baseline_sha256"] is None
-    assert seen[2]["timing_baseline_sha256"] == runs.sha256_file(track / "best.py")
-    assert seen[2]["stage"] == "timing" and seen[2]["reasons"][0]["code"] == "not-faster"
+    assert seen[-1]["timing_baseline_sha256"] == runs.sha256_file(track / "best.py")
+    assert seen[-1]["stage"] == "timing" and seen[-1]["reasons"][0]["code"] == "not-faster", _why(seen)
     # then nothing was left to try: one confirmed loop, and the run says why it stopped
-    assert t.loops_done == 1 and t.status == "done" and t.candidates == 3
-    assert t.rejected_by_stage == {"timing": 2} and t.speedup > 1.02 and t.speedup_low > 1.02
-    assert sorted(p.name for p in (track / "attempts").iterdir()) == [f"attempt_0{i}.py" for i in range(3)]
-    assert len(list((track / "profiles").glob("verdict_*.json"))) == 3
+    assert t.loops_done == 1 and t.status == "done" and t.candidates == len(seen)
+    assert sum(t.rejected_by_stage.values()) == len(seen) - 1 and t.rejected_by_stage["timing"] >= 2
+    assert t.speedup > 1.02 and t.speedup_low > 1.02
+    assert sorted(p.name for p in (track / "attempts").iterdir()) == [f"attempt_0{i}.py" for i in range(len(seen))]
+    assert len(list((track / "profiles").glob("verdict_*.json"))) == len(seen)
     assert json.loads((track / "profiles" / "baseline.json").read_text())["kernels"]
     best = json.loads((track / "best.json").read_text())
     assert best["verdict"]["accepted"] and best["sha256"] == runs.sha256_file(track / "best.py")
@@ -91,12 +106,14 @@ def test_loops_need_confirmed_wins_and_a_rejected_candidate_keeps_the_same_loop_
 
 
 def test_max_minutes_stops_cleanly_and_resume_carries_on(oversub_ws):
-    scripted, seen = _scripted([(lambda t: _serial(t.best_text), "serial")])
+    scripted, seen = _scripted([(lambda t: _serial(t.best_text), "serial+")])
     r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", max_minutes=1e-6, **FAST_GATE), optimizer=scripted)
     assert r.status == "interrupted" and r.tracks[0].status in ("interrupted", "pending") and not seen
     resumed = opt.optimize(resume=r.run_id, optimizer=scripted)
     assert resumed.run_id == r.run_id and resumed.status == "complete"
-    assert resumed.tracks[0].loops_done == 1 and resumed.tracks[0].candidates == 1
+    assert resumed.tracks[0].loops_done == 1, _why(seen)
+    # the last loop's accepted verdict ends the track (not sent back); `seen` holds only the misses
+    assert resumed.tracks[0].candidates == len(seen) + 1 and not any(v["accepted"] for v in seen)
     assert runs.load_run(r.run_id)["status"] == "complete"
 
 
