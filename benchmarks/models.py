@@ -26,6 +26,7 @@ cut off keeps what it measured) and prints tables; never passes or fails on time
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -231,7 +232,9 @@ def headline(res: dict) -> dict:
                     if t.get("best_ms") and t.get("baseline_ms") and (t.get("speedup") or 1) > 1)
         saved = saved * own / total if own and total else 0.0
         accepted = [round(t["speedup"], 3) for t in info["tracks"] if (t.get("speedup") or 1) > 1]
+        statuses = collections.Counter(t["status"] for t in info["tracks"])
         ts[m] = {"step_ms": ms, "vs_best_mode": compiled[best] / ms, "vs_own_mode": own / ms if own else None,
+                 "track_statuses": dict(statuses),
                  "gate_accepted_speedups": accepted,
                  "gate_estimate_ms": own - saved if own else None, "measured_vs_estimate": (own - saved) / ms
                  if own and own - saved > 0 else None}
@@ -253,6 +256,9 @@ def summary(results: list[dict]) -> dict:
         best = r.get("tilesmith_best_vs_best_mode")
         print(f"{r['model']:12} {r['best_mode']:30} {r['best_ms']:9.4f} " + " ".join(f"{c:>24}" for c in cells)
               + (f" {best:12.3f}x" if best else f" {'-':>13}"))
+        for m, t in r["tilesmith_paths"].items():  # a ratio near 1 can mean nothing was optimized: say so
+            if t.get("track_statuses", {}).keys() - {"done", "cached"}:
+                print(f"{'':12} tilesmith on {m}: graphs by track status {t['track_statuses']}")
     ratios = [r["tilesmith_best_vs_best_mode"] for r in results if r.get("tilesmith_best_vs_best_mode")]
     geo = math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else None
     print(f"geometric mean of tilesmith's best vs each model's best compile mode: "

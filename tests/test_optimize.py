@@ -108,10 +108,15 @@ def test_loops_need_confirmed_wins_and_a_rejected_candidate_keeps_the_same_loop_
 def test_max_minutes_stops_cleanly_and_resume_carries_on(oversub_ws):
     scripted, seen = _scripted([(lambda t: _serial(t.best_text), "serial+")])
     r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", max_minutes=1e-6, **FAST_GATE), optimizer=scripted)
-    assert r.status == "interrupted" and r.tracks[0].status in ("interrupted", "pending") and not seen
+    assert r.status == "interrupted" and r.tracks[0].status == "pending" and not seen
+    # the budget was spent before the graph's baseline profile (a worker process each): none was made,
+    # and the track says why it never started
+    assert not (runs.track_dir(r.run_id, r.tracks[0].key) / "profiles" / "baseline.json").exists()
+    assert "--max-minutes" in r.tracks[0].reason and f"--resume {r.run_id}" in r.tracks[0].reason
     resumed = opt.optimize(resume=r.run_id, optimizer=scripted)
     assert resumed.run_id == r.run_id and resumed.status == "complete"
     assert resumed.tracks[0].loops_done == 1, _why(seen)
+    assert (runs.track_dir(r.run_id, r.tracks[0].key) / "profiles" / "baseline.json").exists()
     # the last loop's accepted verdict ends the track (not sent back); `seen` holds only the misses
     assert resumed.tracks[0].candidates == len(seen) + 1 and not any(v["accepted"] for v in seen)
     assert runs.load_run(r.run_id)["status"] == "complete"

@@ -164,6 +164,9 @@ def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSe
     for t in unfinished:
         if t.status == "running":
             t.status = "interrupted"
+        elif t.status == "pending" and not interrupted and settings.max_minutes:
+            t.reason = f"not started: the {settings.max_minutes:g}-minute budget (--max-minutes) was spent; " \
+                       f"`tilesmith optimize --resume {run['run_id']}` carries on"
         save(t)
     run["status"], run["ended"] = "interrupted" if (interrupted or unfinished) else "complete", runs.now_iso()
     save()
@@ -237,6 +240,8 @@ def _order_by_time(r: _Run, graphs):
         try:
             if f.exists():
                 p = Profile.from_dict(json.loads(f.read_text()))
+            elif r.expired():  # the budget is spent: no more profiles (each is a worker process, ~20 s on
+                continue       # a GPU), the graphs left keep the capture's order after the profiled ones
             else:
                 r.note("profile", key=g.key)
                 with r.timing_lock:
