@@ -6,6 +6,7 @@ fingerprint, fresh input values every round, and the OS sandbox."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import subprocess
 import sys
@@ -54,6 +55,7 @@ CHEATS = [
 def test_every_red_team_cheat_passes_the_static_screen(inf_graph, tmp_path):
     text = (inf_graph / "wrapper.py").read_text()
     made = [m(text) for m, _, _ in CHEATS] + [redteam.remembers_outputs_by_input_content(text),
+                                              redteam.remembers_outputs_by_address_and_first_value(text),
                                               redteam.escapes(text, "/tmp", "/x", "/y", "http://127.0.0.1:9/")]
     assert [static.screen(t) for t in made] == [[]] * len(made)
 
@@ -78,6 +80,40 @@ def test_a_cache_keyed_on_input_values_gains_nothing_because_every_timed_call_se
     assert not v.accepted and v.codes in (["not-faster"], ["wrong-values-in-timing"]), v.reasons
     t = v.first.timing
     assert t.checked_calls >= 2, t  # its timed calls were checked: computed every call, and right
+
+
+@pytest.fixture(scope="module")
+def ids_graph(tmp_path_factory, inductor_cache) -> Path:
+    from tests.conftest import FIXTURES, captured_workspace
+
+    return h.graph_of(captured_workspace(tmp_path_factory, "ws-token-ids", FIXTURES / "token_ids.py"))
+
+
+def test_a_cache_keyed_on_addresses_gains_nothing_because_no_sample_reads_a_buffer_twice(
+        inf_graph, tmp_path, screen_off, monkeypatch):
+    """Samples of 100 ms (the example's graph runs ~0.25 ms per call here): before the gate capped a
+    sample's calls at its buffer sets, such a sample read each of 64 buffers six times, this cache
+    answered the later laps from memory, right on every checked call, and was accepted at 3.25x."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cheat = redteam.remembers_outputs_by_address_and_first_value((inf_graph / "wrapper.py").read_text())
+    v = _judge(inf_graph, cheat, tmp_path, confirm=False, target_sample_ms=100.0)
+    assert not v.accepted and v.codes in (["not-faster"], ["wrong-values-in-timing"]), v.reasons
+    t = v.first.timing
+    assert t.calls_per_sample <= t.buffer_sets and t.buffer_sets >= 4, t
+
+
+def test_a_cache_keyed_on_token_ids_gains_nothing_because_every_sample_draws_new_ids(
+        ids_graph, tmp_path, screen_off, monkeypatch):
+    """The graph's one moving input is integer ids. Before they were drawn afresh for every sample, the
+    timed calls cycled through eight pool contents, the cache answered nearly every call from memory
+    (right on all 44 checked ones), and was accepted at 13.5x."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    meta = json.loads((ids_graph / "graph.json").read_text())
+    assert [d["dtype"] for d in meta["inputs"] if not d.get("parameter")] == ["int64"], meta["inputs"]
+    cheat = redteam.remembers_outputs_by_address_and_first_value((ids_graph / "wrapper.py").read_text())
+    v = _judge(ids_graph, cheat, tmp_path, confirm=False)
+    assert not v.accepted and v.codes in (["not-faster"], ["wrong-values-in-timing"]), v.reasons
+    assert v.first.timing.checked_calls >= 2
 
 
 class _Hits(http.server.BaseHTTPRequestHandler):

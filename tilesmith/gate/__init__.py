@@ -117,7 +117,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
         timing_base.write_bytes(base_raw)
         v.timing_baseline_sha256 = hashlib.sha256(base_raw).hexdigest()
     device = graph_device(meta)
-    ctx = dict(gdir=gdir, cand=cand, timing_base=timing_base, timing_base_sha=v.timing_baseline_sha256 or "",
+    ctx = dict(gdir=gdir, meta=meta, cand=cand, timing_base=timing_base, timing_base_sha=v.timing_baseline_sha256 or "",
                scratch=scratch, device=device, policy=policy, mode=mode, note=note, clock=clock, WorkerFailure=WorkerFailure, spares=spares,
                modes=_modes(v, mode, raw, timing_base))
     seeds, sets, contents = _input_sets(gdir, meta, policy, clock)
@@ -316,11 +316,11 @@ def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, othe
     import torch
 
     from tilesmith.gate import timing
+    from tilesmith.gate.inputs import parameter_indices
 
     policy, clock, mode = ctx["policy"], ctx["clock"], ctx["mode"]
     ctx["note"]("timing", f"timing ({mode}), paired and interleaved, the original in its own worker and beside the candidate")
-    reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / r["per_call_ns"])))
-    ctx["buffers"] = timing.buffer_count(policy, reps, _input_bytes(contents[0][1]))
+    reps, ctx["buffers"] = timing.sample_size(policy, r["per_call_ns"], contents, parameter_indices(ctx["meta"]))
     with clock(f"{key}.timing_setup"):
         cpus = timing.shared_cpus()
         for worker, role in ((ref.timer, ref.base_role), (w, "candidate"), (w, "baseline")):
@@ -347,12 +347,6 @@ def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, othe
     with clock(f"{key}.timing_checks"):
         bad = _timing_checks(p, ctx, w, ref, kept, r["base"][p.seed]["sets"], contents)
     return bad or reasons
-
-
-def _input_bytes(inputs: list) -> int:
-    import torch
-
-    return sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
 
 
 def _random_graph(gdir: Path) -> bool:

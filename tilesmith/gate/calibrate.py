@@ -53,6 +53,7 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
 
     from tilesmith import loading
     from tilesmith.gate import graph_device, resolve_mode, timing
+    from tilesmith.gate.inputs import parameter_indices
     from tilesmith.gate.original import save_sets, timing_contents
     from tilesmith.gate.proc import Worker
 
@@ -73,9 +74,7 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
         wb.request({"op": "time_setup", "sets_file": str(f), "roles": [base_role], "mode": "launch",
                     "buffers": policy.rotating_sets}, policy.call_timeout_s)
         per_call_ns = timing.solo_ns(wb, base_role, policy.call_timeout_s)
-        reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / per_call_ns)))  # as the gate sizes them
-        buffers = timing.buffer_count(policy, reps, sum(x.untyped_storage().nbytes() for x in contents[0][1]
-                                                        if isinstance(x, torch.Tensor)))
+        reps, buffers = timing.sample_size(policy, per_call_ns, contents, parameter_indices(data.meta))  # as the gate
         for w, role in ((wb, base_role), (wc, "candidate"), (wc, "baseline")):
             f = w.dir / "contents.pt"
             save_sets(f, contents, torch)

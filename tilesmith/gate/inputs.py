@@ -16,6 +16,12 @@ import torch
 
 from tilesmith.capture.tensors import span_numel
 
+
+def parameter_indices(meta: dict) -> set[int]:
+    """Positions of the inputs graph.json marks as parameters (weights, buffers of the module): timed in
+    one buffer at one address, as a program's weights stay between steps."""
+    return {i for i, d in enumerate(meta.get("inputs") or []) if d.get("parameter")}
+
 RANDOM_KINDS = ("normal", "uniform", "positive", "heavy")
 # Scale of the high-magnitude set, by dtype: large, yet far from overflow in a product of two inputs.
 _LARGE = {torch.float16: 16.0, torch.bfloat16: 256.0, torch.float32: 1000.0, torch.float64: 1000.0}

@@ -166,15 +166,15 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
         batch = max(4, min(len(b_all), policy.max_rounds - len(b_all), int((policy.time_budget_s - spent) / rate) + 1))
     est = min(apart, near or apart, key=lambda e: e.low)  # the binding comparison is the one reported
     busy = _busy(idle)
-    return (_summary(mode, reps, est, apart, near, b_all, c_all, i_all, idle),
+    return (_summary(mode, reps, buffers, est, apart, near, b_all, c_all, i_all, idle),
             [busy] if busy else _reasons(policy, state, est, apart, near, b_all), kept)
 
 
-def _summary(mode: str, reps: int, est: Estimate, apart: Estimate, near: Estimate | None, b_all: list,
+def _summary(mode: str, reps: int, buffers: int, est: Estimate, apart: Estimate, near: Estimate | None, b_all: list,
              c_all: list, i_all: list, idle: dict) -> Timing:
     return Timing(mode=mode, baseline_ms=statistics.median(b_all) / reps / 1e6,
                   candidate_ms=statistics.median(c_all) / reps / 1e6, speedup=est.speedup, speedup_low=est.low,
-                  speedup_high=est.high, samples=len(b_all), calls_per_sample=reps,
+                  speedup_high=est.high, samples=len(b_all), calls_per_sample=reps, buffer_sets=buffers,
                   baseline_ns=b_all, candidate_ns=c_all, apart_speedup=apart.speedup, apart_low=apart.low,
                   beside_speedup=near.speedup if near else 0.0, beside_low=near.low if near else 0.0,
                   beside_ns=i_all, idle_cpu_ms=idle["cpu"] / 1e6, idle_wall_ms=idle["wall"] / 1e6)
@@ -290,10 +290,26 @@ def solo_ns(worker, role: str, timeout_s: float, samples: int = 7) -> float:
 
 def buffer_count(policy, reps: int, input_bytes: int, cap_bytes: int = 1 << 30, most: int = 64) -> int:
     """Rotating buffer sets for timing: one per call of a sample where memory allows (up to `most` and
-    `cap_bytes` of inputs), so within a sample no call reads the values of another (no cache keyed on
-    addresses or contents can answer), and never fewer than policy.rotating_sets."""
+    `cap_bytes` of rotating inputs), and never fewer than policy.rotating_sets."""
     fit = cap_bytes // max(1, input_bytes)
     return max(1, policy.rotating_sets, min(reps, most, fit))
+
+
+def sample_size(policy, per_call_ns: float, contents: list, shared: set) -> tuple[int, int]:
+    """(calls per timed sample, rotating buffer sets). A sample takes about policy.target_sample_ms, but
+    never has more calls than there are buffer sets: no call of a sample reads an address or values
+    another call of it read. With more calls than buffers (a graph under 31 us per call, or inputs too
+    big for 64 sets), a cache keyed on its inputs' addresses and cleared whenever the calls pause
+    answered every later lap of a sample from memory, right on the checked calls, and was accepted at a
+    speedup it never has in a program (tests/redteam.py). `shared`: inputs held in one buffer for every
+    set (parameters), not counted against the memory cap."""
+    import torch
+
+    reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / per_call_ns)))
+    rotating = sum(x.untyped_storage().nbytes() for i, x in enumerate(contents[0][1])
+                   if isinstance(x, torch.Tensor) and i not in shared)
+    buffers = buffer_count(policy, reps, rotating)
+    return min(reps, buffers), buffers
 
 
 def shared_cpus() -> list[int]:

@@ -104,6 +104,7 @@ class Timing:
     # time: an honest worker is idle then (timing.IDLE_CPU_SHARE).
     idle_cpu_ms: float = 0.0
     idle_wall_ms: float = 0.0
+    buffer_sets: int = 0  # rotating input buffer sets, never fewer than calls_per_sample (timing.sample_size)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from tilesmith.capture.tensors import span_numel  # noqa: E402
 from tilesmith import clock  # noqa: E402
 from tilesmith.gate import patches  # noqa: E402
 from tilesmith.gate.fingerprint import _state_change, process_state  # noqa: E402
+from tilesmith.gate.inputs import parameter_indices  # noqa: E402
 from tilesmith.gate.worker_outputs import _call, op_outputs, op_ref64  # noqa: E402
 from tilesmith.gate.worker_tensors import _as_list, _refill, _to_cpu, _to_device  # noqa: E402
 
@@ -129,7 +130,7 @@ def op_time_setup(st: State, req: dict) -> dict:
 
 def _parameters(st: State) -> set:
     """Positions of the inputs graph.json marks as parameters (weights, buffers of the module)."""
-    return {i for i, d in enumerate((st.data.meta.get("inputs") or []) if st.data else []) if d.get("parameter")}
+    return parameter_indices(st.data.meta) if st.data else set()
 
 
 def _capture_graph(st: State, role: str, fn, bufs):
@@ -203,22 +204,31 @@ def op_time(st: State, req: dict) -> dict:
 
 
 def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:
-    """Refill one buffer set with a pool content; with a seed, every non-parameter float input is then
-    scaled by 1 + 1e-2 * uniform(-1, 1) elementwise (signs and zeros kept), drawn on the device from
-    (seed, b): values no call has seen before, so no cache keyed on content can answer from memory."""
+    """Refill one buffer set with a pool content; with a seed, every non-parameter input then gets values
+    no call has seen before, drawn on the device from (seed, b), so no cache keyed on content can answer
+    from memory: floats are scaled by 1 + 1e-2 * uniform(-1, 1) elementwise (signs and zeros kept),
+    integers and bools drawn afresh inside their recorded [min, max] as the correctness sets draw them
+    (the pool's few contents came back every few samples: a cache keyed on token ids answered from
+    memory, right on every checked call; tests/redteam.py)."""
+    inputs = (st.data.meta.get("inputs") if st.data else None) or [{}] * len(bufs)
     for i, (dst, src) in enumerate(zip(bufs, content)):
         if i in st.shared:  # one buffer for every set, and the same content in each: nothing to refill
             continue
         _refill(dst, src)
-        info = (st.data.meta.get("inputs") or [{}] * len(bufs))[i] if st.data else {}
-        if seed is None or not isinstance(dst, torch.Tensor) or not dst.dtype.is_floating_point \
-                or info.get("parameter") or not span_numel(dst):
+        info = inputs[i] if i < len(inputs) else {}
+        if seed is None or not isinstance(dst, torch.Tensor) or info.get("parameter") or not span_numel(dst) \
+                or dst.dtype.is_complex:
             continue
         n = span_numel(dst)
         g = torch.Generator(device=dst.device).manual_seed((int(seed) * 1009 + b * 101 + i) % (1 << 62))
-        u = torch.rand(n, generator=g, device=dst.device, dtype=torch.float32)
         flat = dst.as_strided((n,), (1,), dst.storage_offset())
-        flat.mul_((1.0 + 1e-2 * (2.0 * u - 1.0)).to(dst.dtype))
+        if dst.dtype.is_floating_point:
+            u = torch.rand(n, generator=g, device=dst.device, dtype=torch.float32)
+            flat.mul_((1.0 + 1e-2 * (2.0 * u - 1.0)).to(dst.dtype))
+            continue
+        r = info.get("range") or {}
+        if "min" in r and "max" in r and int(r["max"]) > int(r["min"]):
+            flat.copy_(torch.randint(int(r["min"]), int(r["max"]) + 1, (n,), generator=g, device=dst.device))
 
 
 def op_original_checks(st: State, req: dict) -> dict:
