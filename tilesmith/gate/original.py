@@ -57,8 +57,9 @@ def timing_contents(meta: dict, inputs: list, seed: int, policy: Policy) -> list
     # Parameters keep one value through the timed calls, as a program's weights do between steps: the
     # workers time them in one buffer at one address (a replay reads weights in place). Correctness
     # varies them; the checked timed calls compare against the original on these same values.
+    params = parameter_indices(meta)
     for name, content in contents[1:]:
-        for i in parameter_indices(meta):
+        for i in params:
             content[i] = contents[0][1][i]
     return contents
 

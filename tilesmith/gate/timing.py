@@ -288,27 +288,27 @@ def solo_ns(worker, role: str, timeout_s: float, samples: int = 7) -> float:
     return max(1000.0, float(statistics.median(ns)))
 
 
-def buffer_count(policy, reps: int, input_bytes: int, cap_bytes: int = 1 << 30, most: int = 64) -> int:
-    """Rotating buffer sets for timing: one per call of a sample where memory allows (up to `most` and
-    `cap_bytes` of rotating inputs), and never fewer than policy.rotating_sets."""
-    fit = cap_bytes // max(1, input_bytes)
-    return max(1, policy.rotating_sets, min(reps, most, fit))
+# Rotating buffer sets for timing: one per call of a sample where memory allows, up to this many and this
+# many bytes of rotating inputs, never fewer than Policy.rotating_sets.
+MOST_BUFFERS = 64
+BUFFER_CAP_BYTES = 1 << 30
 
 
 def sample_size(policy, per_call_ns: float, contents: list, shared: set) -> tuple[int, int]:
     """(calls per timed sample, rotating buffer sets). A sample takes about policy.target_sample_ms, but
     never has more calls than there are buffer sets: no call of a sample reads an address or values
     another call of it read. With more calls than buffers (a graph under 31 us per call, or inputs too
-    big for 64 sets), a cache keyed on its inputs' addresses and cleared whenever the calls pause
-    answered every later lap of a sample from memory, right on the checked calls, and was accepted at a
-    speedup it never has in a program (tests/redteam.py). `shared`: inputs held in one buffer for every
-    set (parameters), not counted against the memory cap."""
+    big for 64 sets), a cache keyed on its inputs' addresses and first and last elements answered every
+    later lap of a sample from memory, right on the checked calls, and was accepted at a speedup it
+    never has in a program (tests/redteam.py). `shared`: inputs held in one buffer for every set
+    (parameters), not counted against the memory cap."""
     import torch
 
     reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / per_call_ns)))
     rotating = sum(x.untyped_storage().nbytes() for i, x in enumerate(contents[0][1])
                    if isinstance(x, torch.Tensor) and i not in shared)
-    buffers = buffer_count(policy, reps, rotating)
+    fit = BUFFER_CAP_BYTES // max(1, rotating)
+    buffers = max(1, policy.rotating_sets, min(reps, MOST_BUFFERS, fit))
     return min(reps, buffers), buffers
 
 

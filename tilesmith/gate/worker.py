@@ -107,7 +107,7 @@ def op_time_setup(st: State, req: dict) -> dict:
     set: gate.original.timing_contents); the other inputs rotate."""
     contents = torch.load(req["sets_file"], weights_only=True)["inputs"]
     n = max(1, int(req.get("buffers") or len(contents)))
-    st.shared = _parameters(st)
+    st.shared = parameter_indices(st.data.meta) if st.data else set()
     for role in req["roles"]:
         st.keep[role] = []
         st.pool[role] = [[_to_device(x, st.device) for x in inputs] for inputs in contents]
@@ -126,11 +126,6 @@ def op_time_setup(st: State, req: dict) -> dict:
                     thunk()
     _device_sync()
     return {}
-
-
-def _parameters(st: State) -> set:
-    """Positions of the inputs graph.json marks as parameters (weights, buffers of the module)."""
-    return parameter_indices(st.data.meta) if st.data else set()
 
 
 def _capture_graph(st: State, role: str, fn, bufs):
@@ -216,8 +211,7 @@ def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:
             continue
         _refill(dst, src)
         info = inputs[i] if i < len(inputs) else {}
-        if seed is None or not isinstance(dst, torch.Tensor) or info.get("parameter") or not span_numel(dst) \
-                or dst.dtype.is_complex:
+        if seed is None or not isinstance(dst, torch.Tensor) or not span_numel(dst) or dst.dtype.is_complex:
             continue
         n = span_numel(dst)
         g = torch.Generator(device=dst.device).manual_seed((int(seed) * 1009 + b * 101 + i) % (1 << 62))
