@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tilesmith import paths, runs
+from tilesmith import report_setting as rs
 from tilesmith.errors import TilesmithError
+from tilesmith.report_setting import GraphSetting, ProgramSetting
 
 TOP_KERNELS = 8  # kernels listed per graph; the rest are summed into `other_kernels_ms`
 
@@ -59,6 +61,7 @@ class CandidateRow:
     # error), so a rejection reads without opening the verdict file
     why: str = ""
     sandbox: str = ""  # the isolation the candidate ran under: namespaces | env-only ("" in older verdicts)
+    mode: str = ""  # the gate's timing mode: launch | graph (a CUDA-graph replay of the original); "" untimed
 
 
 @dataclass
@@ -72,6 +75,9 @@ class GraphReport:
     reason: str
     baseline_ms: float | None  # one call of Inductor's wrapper: baseline profile, else the gate's timing
     baseline_source: str | None  # profile | gate | None
+    # launch: plain calls (the profile always is); graph: Inductor's code replayed from a CUDA graph, as the
+    # gate times a graph compiled with CUDA graphs (their baseline is the gate's, since that is production)
+    baseline_mode: str | None
     best_ms: float | None  # one call of the best accepted source (baseline_ms / speedup)
     speedup: float | None  # original / best accepted (> 1 is faster); None: nothing accepted
     speedup_low: float | None  # lower confidence bound of that speedup
@@ -92,6 +98,9 @@ class GraphReport:
     headroom_ms: float | None = None  # summed kernel time above the roofline bounds
     ceilings: str = ""  # the device ceilings the fractions are against, and their source
     counters: str = ""  # whether hardware counters were read
+    compile_mode: str = ""  # plain | cudagraphs (reduce-overhead, max-autotune); "" unknown (graph.json)
+    device: str = ""
+    setting: GraphSetting | None = None  # who replays it and by how much that wins (report_setting.py)
 
 
 @dataclass
@@ -125,6 +134,7 @@ class Report:
     program: ProgramEstimate | None
     candidates: list[CandidateRow]  # every verdict of the run, in the order they were written
     notes: list[str] = field(default_factory=list)
+    setting: ProgramSetting | None = None  # which CUDA-graph setting wins, for the program (report_setting.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -146,7 +156,10 @@ def build_report(run_id: str | None = None) -> Report:
     started = _parse_time(run.get("created"))
     graphs, candidates = [], []
     for key in keys:
-        g, cands = _graph(rdir, key, run["graphs"].get(key), ws_graphs.get(key), started)
+        mode, device = rs.compile_mode(run.get("workspace"), key, ws_graphs.get(key))
+        g, cands = _graph(rdir, key, run["graphs"].get(key), ws_graphs.get(key), started, mode)
+        g.compile_mode, g.device = mode, device
+        g.setting = rs.graph_setting(g, cands, rs.best_text(rdir / key, g.cached))
         graphs.append(g)
         candidates += cands
     graphs.sort(key=lambda g: (g.status == "not in run", -(g.baseline_ms or 0) * (g.seen or 1)))
@@ -155,7 +168,7 @@ def build_report(run_id: str | None = None) -> Report:
         notes.append("the run holds no graphs")
     return Report(rid, str(run.get("status", "unknown")), settings.get("optimizer"), run.get("created"),
                   run.get("ended"), run.get("workspace"), run.get("environment") or {}, settings, graphs,
-                  _program(graphs), candidates, notes)
+                  _program(graphs), candidates, notes, rs.program_setting(rid, graphs, _program))
 
 
 def _workspace_graphs(ws_path, notes: list[str]) -> dict:
@@ -172,7 +185,7 @@ def _workspace_graphs(ws_path, notes: list[str]) -> dict:
         return {}
 
 
-def _graph(rdir: Path, key: str, entry, info, started) -> tuple[GraphReport, list[CandidateRow]]:
+def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[GraphReport, list[CandidateRow]]:
     notes: list[str] = []
     t = entry if isinstance(entry, dict) else {}
     tdir = rdir / key
@@ -192,15 +205,21 @@ def _graph(rdir: Path, key: str, entry, info, started) -> tuple[GraphReport, lis
         for c in cands:
             if not c.accepted:
                 rejected[c.stage] = rejected.get(c.stage, 0) + 1
-    baseline_ms, source = None, None
-    if isinstance(prof, dict) and _num(prof.get("wall_ms")):
-        baseline_ms, source = float(prof["wall_ms"]), "profile"
+    baseline_ms, source, bmode = None, None, None
+    # the gate's median of the original (verdicts judged against the best so far name its sha256)
+    gate = next((_timing(v) for _, v, _ in verdicts if _num(_timing(v).get("baseline_ms"))
+                 and not v.get("timing_baseline_sha256")), {})
+    if mode == rs.CUDAGRAPHS and gate.get("mode") == "graph":  # the profile times plain launches
+        baseline_ms, source, bmode = float(gate["baseline_ms"]), "gate", "graph"
+    elif isinstance(prof, dict) and _num(prof.get("wall_ms")):
+        baseline_ms, source, bmode = float(prof["wall_ms"]), "profile", "launch"
     elif _num(t.get("baseline_ms")):
-        baseline_ms, source = float(t["baseline_ms"]), "profile"
-    else:
-        first_timed = next((v for _, v, _ in verdicts if _timing(v).get("baseline_ms")), None)
-        if first_timed is not None:  # no profile (e.g. a submit run): the gate's median of the original
-            baseline_ms, source = float(_timing(first_timed)["baseline_ms"]), "gate"
+        baseline_ms, source, bmode = float(t["baseline_ms"]), "profile", "launch"
+    elif gate:  # no profile (e.g. a submit run)
+        baseline_ms, source, bmode = float(gate["baseline_ms"]), "gate", str(gate.get("mode") or "launch")
+    if mode == rs.CUDAGRAPHS and bmode == "launch":
+        notes.append("compiled with CUDA graphs, but no verdict timed Inductor's replay of the original: "
+                     "the baseline (and best) here are plain launches")
     sp, lo, hi = _chain(accepted)
     if _num(t.get("speedup")):  # the driver's own credit wins where it recorded one
         sp, lo = float(t["speedup"]), float(t["speedup_low"]) if _num(t.get("speedup_low")) else lo
@@ -218,6 +237,7 @@ def _graph(rdir: Path, key: str, entry, info, started) -> tuple[GraphReport, lis
         eligible=info.eligible if info else None,
         ineligible_reason=info.reason if info else "", seen=info.seen if info else None,
         status=status, reason=str(t.get("reason") or ""), baseline_ms=baseline_ms, baseline_source=source,
+        baseline_mode=bmode,
         best_ms=best_ms, speedup=sp, speedup_low=lo, speedup_high=hi,
         loops_done=int(t.get("loops_done", len(accepted)) or 0), candidates=int(t.get("candidates", len(cands)) or 0),
         rejected_by_stage=rejected, variants_screened=_count_lines(tdir / "profiles" / "tuner_variants.jsonl"),
@@ -253,7 +273,7 @@ def _candidate(key: str, index: int, v: dict, f: Path, started) -> CandidateRow:
                         t_s, float(v["wall_s"]) if _num(v.get("wall_s")) else None, bool(v.get("accepted")),
                         str(v.get("stage") or "?"), [str(r.get("code")) for r in v.get("reasons") or [] if isinstance(r, dict)],
                         _f(tm.get("speedup")), min(lows) if lows else None, max(highs) if highs else None,
-                        _why(v), str(v.get("sandbox") or ""))
+                        _why(v), str(v.get("sandbox") or ""), str(tm.get("mode") or ""))
 
 
 def _why(v: dict) -> str:

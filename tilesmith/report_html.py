@@ -59,6 +59,7 @@ def render_html(report: Report) -> str:
         parts.append(f"<div class='muted' id='agent-budgets'>{_e(agent_budgets(r.settings))}</div>")
     parts += [f"<div class='note'>{_e(n)}</div>" for n in r.notes]
     parts.append(_program(r))
+    parts.append(_setting(r))
     parts.append("<h2>Speedup per graph</h2><p class='muted'>original ÷ best accepted; whiskers: the confidence "
                  "interval; dashed line: 1× (no change).</p>")
     parts.append(_speedup_chart(r))
@@ -90,6 +91,23 @@ def _program(r: Report) -> str:
     return (f"<h2>Whole program</h2><div id='program' data-present='1' data-graphs-improved='{p.graphs_improved}'>"
             f"<div class='cards'>{html_cards}</div><p class='muted'>{_e(p.note)}. "
             f"{p.graphs_improved} of {p.graphs_measured} measured graph(s) improved.</p></div>")
+
+
+def _setting(r: Report) -> str:
+    """Which setting wins (tilesmith/report_setting.py): the program's line, the change, one row per graph."""
+    s = r.setting
+    if s is None:
+        return ""
+    rows = [f"<tr data-key='{_e(g.key)}'><td><code title='{_e(g.key)}'>{_e(g.key[:12])}</code></td>"
+            f"<td data-field='compile_mode'>{_e(g.compile_mode or '?')}</td><td>{_e(g.device or '?')}</td>"
+            f"<td data-field='setting' data-winner='{_e(g.setting.winner)}' data-speedup='{_v(g.setting.speedup)}' "
+            f"data-low='{_v(g.setting.speedup_low)}'>{_e(g.setting.statement)}</td></tr>"
+            for g in r.graphs if g.setting is not None]
+    note = f"<p class='muted'>{_e(s.note)}.</p>" if s.note else ""
+    return (f"<h2>Setting: who replays each graph</h2><p id='setting' data-graphs-cudagraphs='{s.graphs_cudagraphs}' "
+            f"data-tilesmith-replay-wins='{s.tilesmith_replay_wins}'>{_e(s.statement)}</p>"
+            f"<p id='setting-change'><b>change:</b> {_e(s.change)}</p>{note}"
+            + _table("setting", ["graph", "compile mode", "device", "setting"], rows))
 
 
 def _speedup_chart(r: Report) -> str:

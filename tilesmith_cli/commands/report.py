@@ -69,6 +69,7 @@ def _render(r) -> None:
     for g in r.graphs:
         for n in g.notes:
             out.print(f"[yellow]note:[/yellow] {g.key[:12]}: {n}", markup=True)
+    _setting(r)
     p = r.program
     if p is None:
         out.print("whole program: no graph has a baseline measurement")
@@ -82,6 +83,20 @@ def _render(r) -> None:
     if levels:
         out.print("sandbox: " + ", ".join(f"{lv} ({sum((c.sandbox or 'unrecorded') == lv for c in r.candidates)})"
                                           for lv in levels))
+
+
+def _setting(r) -> None:
+    """Per graph its compile mode and who replays it, then the program's line and the change to make."""
+    out = console.out
+    for g in r.graphs:
+        if g.setting is not None:
+            out.print(f"setting {g.key[:12]} ({g.compile_mode or '?'}, {g.device or '?'}): {g.setting.statement}",
+                      markup=False)
+    if r.setting is not None:
+        out.print(f"setting, program: {r.setting.statement}", markup=False)
+        out.print(f"change: {r.setting.change}", markup=False)
+        if r.setting.note:
+            out.print(f"note: {r.setting.note}", style="dim", markup=False)
 
 
 def _elig(g) -> str:
