@@ -2,7 +2,7 @@
 # The GPU benchmarks in one 10-minute device call (`make bench-gpu OUT=...`), each alone on the machine:
 #   1. benchmarks/models.py run: the model suite (capture, optimize with the tuner, install, then every
 #      torch.compile mode and tilesmith timed interleaved, each path in its own process). MODELS picks
-#      the models (two fit one call; e.g. MODELS=resnet18,gpt2-train for a second call), TS_ON the
+#      the models (two fit one call; e.g. MODELS=resnet18,gpt2-train for a second call; none: skip), TS_ON the
 #      modes tilesmith starts from, MODES the compile modes timed, MAX_MINUTES the optimize budget.
 #   2. benchmarks/replay_host.py: host time per call of the lean CUDA-graph replay (~20 s)
 #   3. the gate calibration with whatever time is left (A/A, power near 5 %, seconds per decision)
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 left() { echo $((LIMIT - SECONDS)); }
 
-timeout $(( $(left) - 60 )) python3 benchmarks/models.py run --models "${MODELS:-moe,gpt2}" \
+[ "${MODELS:-}" = none ] || timeout $(( $(left) - 60 )) python3 benchmarks/models.py run --models "${MODELS:-moe,gpt2}" \
     --modes "${MODES:-default,reduce-overhead,max-autotune-no-cudagraphs}" --tilesmith-on "${TS_ON:-default,reduce-overhead}" \
     --max-minutes "${MAX_MINUTES:-0.75}" --seconds "${SECONDS_PER_MODEL:-6}" --deadline-minutes 5 \
     --out-dir /tmp/models-out > "$OUT/models.log" 2>&1
