@@ -140,6 +140,7 @@ class _Layout:
         self.copy_out: set = set()  # output positions the caller keeps across calls: copied out
         self.copy_all_out = False  # the last capture: what it can no longer learn, it copies
         self.recs: list = []  # instances of the current record (same plan, own memory), first one first
+        self.why: list = []  # why each capture (and each extra instance) was made, in order: describe() shows it
         self.stream = self.raw_stream = None  # the stream of the last replay, and its raw handle
         self.pool = None
         devices = {real[i].device for i in self.tensor_idx}
@@ -162,22 +163,28 @@ class _Layout:
         if self.calls == 1:
             return _PLAIN  # the warm-up: lazy initialisation and autotuning happen outside any capture
         if not self.recs:
+            self.why.append("first capture")
             return self._record(real)
         rec = self.recs[0]
         if not rec.ptrs_ok(real):  # every instance reads the same addresses in place
             missed = [i for i in rec.static_idx if real[i].data_ptr() != rec.ptrs[i]]
-            self.demoted |= {i for i in missed if i in self.moved and i not in self.hint}
+            again = [i for i in missed if i in self.moved]
+            self.demoted |= {i for i in again if i not in self.hint}
             self.moved |= set(missed)
+            self.why.append(f"inputs moved: {_positions(missed)} ({len(again)} again, "
+                            f"{sum(i in self.hint for i in missed)} marked static)")
             return self._record(real)
         for rec in self.recs:  # an instance whose outputs the caller no longer holds
             if not rec.busy_outputs():
                 break
         else:
             if len(self.recs) < ROTATE:
+                self.why.append(f"outputs held: {_positions(sorted(rec.busy_outputs()))}; another instance")
                 return self._rotate(real)
             # The caller holds outputs of every instance: it keeps them across calls. Copy those out
             # from now on, and capture again around the memory it holds.
             self.copy_out |= set().union(*(r.busy_outputs() for r in self.recs))
+            self.why.append(f"outputs held by every instance: {_positions(sorted(self.copy_out))} copied out")
             return self._record(real)
         self._join_stream()
         rec.copy_in(real)
@@ -222,6 +229,7 @@ class _Layout:
         if self.records == MAX_RECORDS:  # the last capture copies every input in and every output out
             self.demoted |= {i for i in self.tensor_idx if not _overlapping(real[i])}
             self.copy_all_out = True
+            self.why.append("the last capture: every input copied in, every output out")
         # The old graph stays alive through the new capture, so their shared pool does too; its outputs
         # are let go first, so the new graph takes the same blocks (outputs that a later graph reads in
         # place keep their addresses), except those the caller still holds.
@@ -251,7 +259,7 @@ class _Layout:
         r = self.recs[0] if self.recs else None
         return {"calls": self.calls, "captures": self.records, "reason": self.reason,
                 "inputs_in_place": len(r.static_idx) if r else 0, "inputs_copied": len(r.copied_idx) if r else 0,
-                "outputs_copied": len(self.copy_out), "instances": len(self.recs)}
+                "outputs_copied": len(self.copy_out), "instances": len(self.recs), "why_captured": self.why[:12]}
 
 
 class _Record:
@@ -389,6 +397,11 @@ def _layout(real: list):
         else:
             return None
     return tuple(parts)
+
+
+def _positions(idx: list) -> str:
+    """Argument positions for a capture's reason, the first few: '[3, 7, 9] +12 more'."""
+    return f"{list(idx[:6])}" + (f" +{len(idx) - 6} more" if len(idx) > 6 else "")
 
 
 def _overlapping(x: torch.Tensor) -> bool:

@@ -89,6 +89,7 @@ def test_gpu_graphed_loop_that_holds_the_last_output_alternates_two_instances_an
         prev = y
     (lay,) = wrapped.call.describe()
     assert lay["outputs_copied"] == 0 and lay["instances"] == 2 and lay["captures"] == 1, lay
+    assert lay["why_captured"][0] == "first capture" and lay["why_captured"][1].startswith("outputs held: [0"), lay
     assert len(set(ptrs[3:])) == 2 and ptrs[3] != ptrs[4] == ptrs[6]  # two instances take turns
 
 
@@ -138,6 +139,10 @@ def test_gpu_graphed_inputs_that_move_are_recorded_again_then_copied(launch_grap
     (lay,) = wrapped.call.describe()
     assert lay["captures"] == 3 and lay["inputs_in_place"] == 0 and lay["inputs_copied"] >= 1, lay
     assert wrapped.call.plain_calls == 1
+    # Why each capture was made, as the runtime's stats show it: every input moved, then moved again.
+    first, moved, again = lay["why_captured"]
+    assert first == "first capture" and moved.startswith("inputs moved: [") and "(0 again" in moved, lay
+    assert again.startswith("inputs moved: [") and "(0 again" not in again, lay
 
 
 def test_gpu_graphed_outputs_that_view_inputs_are_views_of_the_callers_inputs():
