@@ -132,6 +132,26 @@ def test_graphs_option_selects_by_key_prefix_and_refuses_ineligible_or_unknown(t
         opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", graphs=["ffffffffff"]))
 
 
+def test_every_graph_gets_its_baseline_profile_and_the_biggest_goes_first(training_ws):
+    from tilesmith.search import from_generator
+
+    order = []
+
+    def note_order(track, settings):
+        order.append(track.key)
+        yield from ()
+
+    r = opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner"), optimizer=from_generator(note_order))
+    assert sorted(order) == sorted(t.key for t in r.tracks) and len(order) >= 2
+    share = {}
+    seen = {g.key: g.seen for g in wsmod.load(training_ws).graphs}
+    for t in r.tracks:  # forwards and backwards, profiled in one worker process
+        p = json.loads((runs.track_dir(r.run_id, t.key) / "profiles" / "baseline.json").read_text())
+        assert p["kernels"] and p["key"] == t.key
+        share[t.key] = p["wall_ms"] * seen[t.key]
+    assert order == sorted(share, key=lambda k: -share[k])
+
+
 def test_attempts_keep_the_five_most_recent_sources_in_order():
     for i in range(7):
         runs.push_attempt("r1", "k" * 64, f"source {i}\n")

@@ -6,6 +6,7 @@ events built here (the GPU path itself runs in tests/gpu)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import torch
 from torch.autograd import DeviceType
@@ -14,7 +15,8 @@ from torch.autograd.profiler_util import FunctionEvent
 from tests import gate_helpers as h
 from tilesmith import roofline
 from tilesmith.gate.correctness import compare_set
-from tilesmith.profile import Profile, profile_graph
+from tilesmith.errors import TilesmithError
+from tilesmith.profile import Profile, profile_graph, profile_graphs
 from tilesmith.profile_worker import _credit_library_kernels, _gap_ns
 from tilesmith.search.agent.tools import profile_table
 
@@ -39,6 +41,22 @@ def test_cpu_profile_has_bytes_flops_wrapper_lines_ceilings_and_classes(inferenc
     again = Profile.from_dict(json.loads(json.dumps(p.to_dict())))
     assert again.kernels[0].sites == p.kernels[0].sites
     assert "wrapper line" in profile_table(p) and "GB/s" in profile_table(p)
+
+
+def test_graphs_profiled_together_in_one_worker_each_get_their_own_answer(inference_ws, slow_matmul_graph, tmp_path):
+    good = h.graph_of(inference_ws)
+    bad = tmp_path / "broken"  # the same graph, but its call raises
+    shutil.copytree(good, bad)
+    with open(bad / "wrapper.py", "a") as f:
+        f.write("\n\ndef call(args):\n    raise RuntimeError('boom from the test')\n")
+    first, broken, last = profile_graphs([good, bad, slow_matmul_graph], calls=3)
+    assert isinstance(broken, TilesmithError) and broken.code == "profile-failed"
+    assert "broken" in broken.message and "RuntimeError: boom from the test" in broken.message
+    assert isinstance(first, Profile) and any(k.name == "extern_kernels.addmm" for k in first.kernels)
+    assert isinstance(last, Profile) and last.wall_ms > 0 and last.kernels  # the graph after the failure ran
+    # One process: the device's ceilings were measured once for both (two measurements never agree exactly).
+    assert first.ceilings == last.ceilings and first.ceilings["source"].startswith("measured")
+    assert profile_graphs([]) == []
 
 
 def test_roofline_classes_a_kernel_by_intensity_and_duration():

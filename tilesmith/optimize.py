@@ -230,26 +230,34 @@ def _select(ws, prefixes: list[str]):
 
 
 def _order_by_time(r: _Run, graphs):
-    """Baseline-profile each graph (profiles/baseline.json) and order them biggest share first."""
-    from tilesmith.profile import Profile, profile_graph
+    """Baseline-profile each graph (profiles/baseline.json) and order them biggest share first. The
+    graphs not profiled yet are profiled together, in one worker process (profile_graphs)."""
+    from tilesmith.profile import Profile, profile_graphs
 
-    times = {}
+    times, todo = {}, []
     for g in graphs:
         f = runs.track_dir(r.run_id, g.key) / "profiles" / "baseline.json"
         f.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            if f.exists():
-                p = Profile.from_dict(json.loads(f.read_text()))
-            elif r.expired():  # the budget is spent: no more profiles (each is a worker process, ~20 s on
-                continue       # a GPU), the graphs left keep the capture's order after the profiled ones
-            else:
-                r.note("profile", key=g.key)
-                with r.timing_lock:
-                    p = profile_graph(r.ws.graph_dir(g.key))
-                write_json(f, p.to_dict())
+        if f.exists():
+            try:
+                times[g.key] = Profile.from_dict(json.loads(f.read_text())).wall_ms * g.seen
+            except (ValueError, TypeError, KeyError):
+                times[g.key] = 0.0
+        else:
+            todo.append(g)
+    # Once the budget is spent no profile starts (a worker process; ~20 s a graph on a GPU): the graphs
+    # left keep the capture's order after the profiled ones, and their tracks never start.
+    if todo and not r.expired():
+        for g in todo:
+            r.note("profile", key=g.key)
+        with r.timing_lock:
+            profiles = profile_graphs([r.ws.graph_dir(g.key) for g in todo])
+        for g, p in zip(todo, profiles):
+            if isinstance(p, TilesmithError):
+                times[g.key] = 0.0
+                continue
+            write_json(runs.track_dir(r.run_id, g.key) / "profiles" / "baseline.json", p.to_dict())
             times[g.key] = p.wall_ms * g.seen
-        except TilesmithError:
-            times[g.key] = 0.0
     return sorted(graphs, key=lambda g: -times.get(g.key, 0.0))
 
 

@@ -1,10 +1,11 @@
-"""Baseline profile of one graph: time per kernel and library call inside one `call`, launch overhead,
+"""Baseline profile of a graph: time per kernel and library call inside one `call`, launch overhead,
 device gaps between kernels (CUDA), bytes/FLOPs per kernel from its real arguments, achieved GB/s and
 TFLOP/s against the device's ceilings and a roofline class per kernel and per graph
 (tilesmith/roofline.py). Measured in a worker subprocess; statistics here."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
@@ -64,19 +65,47 @@ class Profile:
 def profile_graph(graph_dir: str | Path, source_text: str | None = None, *, timeout_s: float = 900,
                   calls: int = 20) -> Profile:
     """Profile the captured wrapper (or `source_text`, a rewrite of it) on the captured inputs."""
-    gdir = paths.absolute(graph_dir)
+    (res,) = _profile([(graph_dir, source_text)], timeout_s, calls)
+    if isinstance(res, TilesmithError):
+        raise res
+    return res
+
+
+def profile_graphs(graph_dirs: list, *, timeout_s: float = 900, calls: int = 20) -> list:
+    """Profile several captured graphs in one worker process, one after another (one interpreter start
+    and one measurement of the device's ceilings for all: on a GPU the start alone is ~12 s per process).
+    Per graph, in order: its Profile, or the TilesmithError that says why it could not be profiled.
+    `timeout_s` is per graph."""
+    return _profile([(d, None) for d in graph_dirs], timeout_s * max(1, len(graph_dirs)), calls) if graph_dirs else []
+
+
+def _profile(jobs: list, timeout_s: float, calls: int) -> list:
+    gdirs = [paths.absolute(d) for d, _ in jobs]
+    hint = "run `tilesmith replay` on the graph to check the workspace"
     with tempfile.TemporaryDirectory(prefix="tilesmith-profile-") as tmp:
-        src_file = Path(tmp) / "source.py"
-        src_file.write_text(source_text if source_text is not None else (gdir / "wrapper.py").read_text())
-        cmd = [sys.executable, "-m", "tilesmith.profile_worker", str(gdir), str(src_file), str(calls)]
+        listing = []
+        for i, (gdir, (_, text)) in enumerate(zip(gdirs, jobs)):
+            src_file = Path(tmp) / f"source_{i}.py"
+            src_file.write_text(text if text is not None else (gdir / "wrapper.py").read_text())
+            listing.append([str(gdir), str(src_file)])
+        (Path(tmp) / "jobs.json").write_text(json.dumps(listing))
+        cmd = [sys.executable, "-m", "tilesmith.profile_worker", "--batch", str(Path(tmp) / "jobs.json"), str(calls)]
         calm_spares()  # no gate worker may still be starting while this one measures
-        res = sandbox.run_json(cmd, sandbox.Spec(scratch=tmp, readable=[str(gdir)]), timeout_s)
+        res = sandbox.run_json(cmd, sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs]), timeout_s)
+    names = ", ".join(g.name[:12] for g in gdirs)
     if res.returncode is None:
-        raise TilesmithError(f"profiling {gdir.name[:12]} took over {timeout_s:.0f} s", code="profile-timeout")
-    if res.returncode != 0 or res.reply is None:
-        raise TilesmithError(f"profiling {gdir.name[:12]} failed: {res.tail}", code="profile-failed",
-                             hint="run `tilesmith replay` on the graph to check the workspace")
-    return summarize(sandbox.redact_obj(res.reply))
+        return [TilesmithError(f"profiling {names} took over {timeout_s:.0f} s", code="profile-timeout")] * len(jobs)
+    results = res.reply.get("results") if res.reply else None
+    if res.returncode != 0 or not isinstance(results, list) or len(results) != len(jobs):
+        return [TilesmithError(f"profiling {names} failed: {res.tail}", code="profile-failed", hint=hint)] * len(jobs)
+    out = []
+    for gdir, r in zip(gdirs, results):
+        if isinstance(r, dict) and "error" in r:  # this graph failed in the worker; the others ran
+            out.append(TilesmithError(f"profiling {gdir.name[:12]} failed: {sandbox.redact(str(r['error']))}",
+                                      code="profile-failed", hint=hint))
+        else:
+            out.append(summarize(sandbox.redact_obj(r)))
+    return out
 
 
 def summarize(raw: dict) -> Profile:

@@ -191,8 +191,19 @@ def main(gdir: str, src_file: str, calls: int) -> dict:
         if name in kernels:
             kernels[name].update(bytes=m["bytes"], flops=m["flops"], dtype=m["dtype"], sites=m["sites"])
     return {"key": data.meta["key"], "device": data.meta["device"], "wall_ns": wall, "kernels": kernels,
-            "profiled_calls": calls, "gap_ns": gap_ns, "ceilings": roofline.measure(device).to_dict(),
+            "profiled_calls": calls, "gap_ns": gap_ns, "ceilings": _ceilings(device),
             "counters": roofline.counters_note(cuda)}
+
+
+_CEILINGS: dict = {}  # device -> measured ceilings: once per process, however many graphs it profiles
+
+
+def _ceilings(device: str) -> dict:
+    from tilesmith import roofline
+
+    if device not in _CEILINGS:
+        _CEILINGS[device] = roofline.measure(device).to_dict()
+    return _CEILINGS[device]
 
 
 def _cpu_kernels(mod, wrapper, args, calls) -> dict:
@@ -293,5 +304,20 @@ def _gap_ns(events, calls: int) -> float | None:
     return gap * 1000.0 / calls  # us -> ns
 
 
-if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]))))
+def batch(jobs_file: str, calls: int) -> dict:
+    """Several graphs in this one process, one after another: {"results": [each job's answer, or
+    {"error": ...} for a job that raised; the jobs after it still run]}."""
+    results = []
+    for gdir, src_file in json.loads(open(jobs_file).read()):
+        try:
+            results.append(main(gdir, src_file, calls))
+        except Exception as e:  # noqa: BLE001 - one graph's failure is its own answer
+            results.append({"error": f"{type(e).__name__}: {e}"[:2000]})
+    return {"results": results}
+
+
+if __name__ == "__main__":  # GRAPH_DIR SOURCE CALLS (one graph, e.g. under ncu), or --batch JOBS.json CALLS
+    if sys.argv[1] == "--batch":
+        print(json.dumps(batch(sys.argv[2], int(sys.argv[3]))))
+    else:
+        print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]))))
