@@ -152,6 +152,24 @@ def test_every_graph_gets_its_baseline_profile_and_the_biggest_goes_first(traini
     assert order == sorted(share, key=lambda k: -share[k])
 
 
+def test_a_cuda_graph_compiled_graph_is_credited_against_the_gates_replay_of_the_original_not_the_profile():
+    def verdict(mode, base, cand):
+        timing = {"speedup": base / cand, "speedup_low": base / cand * 0.9, "speedup_high": base / cand * 1.1,
+                  "mode": mode, "samples": 20, "baseline_ms": base, "candidate_ms": cand}
+        return {"accepted": True, "first": {"timing": timing}, "confirmation": {"timing": timing}}
+
+    # reduce-overhead: the profile timed plain launches (0.9 ms); the gate timed Inductor's replay (0.2 ms)
+    t = opt.TrackResult(key="k", kind="inference", baseline_ms=0.9)
+    opt._credit(t, verdict("graph", 0.2, 0.16), loop=1)
+    assert t.baseline_ms == 0.2 and abs(t.speedup - 1.25) < 1e-9 and abs(t.best_ms - 0.16) < 1e-9
+    opt._credit(t, verdict("graph", 0.16, 0.08), loop=2)  # loop 2 is timed against the best: chained
+    assert t.baseline_ms == 0.2 and abs(t.speedup - 2.5) < 1e-9 and abs(t.best_ms - 0.08) < 1e-9
+    # plain launches: the profile is what production runs, and stays the baseline
+    t = opt.TrackResult(key="k", kind="inference", baseline_ms=0.9)
+    opt._credit(t, verdict("launch", 0.8, 0.4), loop=1)
+    assert t.baseline_ms == 0.9 and abs(t.best_ms - 0.45) < 1e-9
+
+
 def test_attempts_keep_the_five_most_recent_sources_in_order():
     for i in range(7):
         runs.push_attempt("r1", "k" * 64, f"source {i}\n")

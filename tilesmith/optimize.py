@@ -352,6 +352,10 @@ def _credit(t: TrackResult, vd: dict, loop: int) -> None:
         return
     if loop == 1 or t.speedup is None:
         t.speedup, t.speedup_low = ev.speedup, ev.speedup_low
+        if ev.mode == "graph" and ev.baseline_ms:
+            # A graph compiled with CUDA graphs: the speedup is over Inductor's replay of the original, as
+            # the gate timed it, not over the baseline profile's plain launches; best_ms follows from it.
+            t.baseline_ms = float(ev.baseline_ms)
     else:
         t.speedup, t.speedup_low = t.speedup * ev.speedup, (t.speedup_low or 1.0) * ev.speedup_low
     if t.baseline_ms:
