@@ -77,13 +77,25 @@ def warnings_in(p) -> list[str]:
 
 # -- fixtures --------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
-def slow_ws(tmp_path_factory, inductor_cache):
-    return captured_workspace(tmp_path_factory, "ws-slow", SLOW, "--slow")
+def pointwise_ws(tmp_path_factory, inductor_cache):
+    """slow_pointwise.py captured twice, --slow and not, side by side (two compiles of different kernels,
+    nothing timed): (slow workspace, fast workspace)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        slow = pool.submit(captured_workspace, tmp_path_factory, "ws-slow", SLOW, "--slow")
+        fast = pool.submit(captured_workspace, tmp_path_factory, "ws-fast", SLOW)
+        return slow.result(), fast.result()
 
 
 @pytest.fixture(scope="session")
-def fast_ws(tmp_path_factory, inductor_cache):
-    return captured_workspace(tmp_path_factory, "ws-fast", SLOW)
+def slow_ws(pointwise_ws):
+    return pointwise_ws[0]
+
+
+@pytest.fixture(scope="session")
+def fast_ws(pointwise_ws):
+    return pointwise_ws[1]
 
 
 @pytest.fixture(scope="module")
