@@ -72,6 +72,17 @@ def two_matmuls_ws(tmp_path_factory, inductor_cache):
 
 
 @pytest.fixture(scope="session")
+def ineligible_capture(tmp_path_factory, inductor_cache):
+    """tests/fixtures/ineligible.py captured once (two ineligible graphs, one plain), with one OpenMP thread
+    (tests/test_report.py optimizes it on a small shared CPU box): the workspace and the capture's stdout.
+    Read-only: copy the workspace to change it."""
+    ws = tmp_path_factory.mktemp("ws-ineligible") / "ws"
+    p = run_capture_subprocess(FIXTURES / "ineligible.py", ws, env={"OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr
+    return ws, p.stdout
+
+
+@pytest.fixture(scope="session")
 def oversub_ws(tmp_path_factory, inductor_cache):
     """examples/oversubscribed.py: Inductor's OpenMP thread count is too high, a win the tuner finds."""
     return captured_workspace(tmp_path_factory, "ws-oversub", EXAMPLES / "oversubscribed.py", "--steps", "1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,11 +73,9 @@ def test_every_eligible_graph_replays_in_a_fresh_process_to_the_captured_outputs
         assert r.outputs == len(wsmod.load_graph_json(gdir)["outputs"])
 
 
-def test_dynamic_shapes_and_input_mutation_are_recorded_as_not_eligible_with_reasons(tmp_path, inductor_cache):
-    ws_path = tmp_path / "ws"
-    p = run_capture_subprocess(FIXTURES / "ineligible.py", ws_path)
-    assert p.returncode == 0, p.stderr
-    assert "ineligible fixture done" in p.stdout  # the user's own output still reaches the terminal
+def test_dynamic_shapes_and_input_mutation_are_recorded_as_not_eligible_with_reasons(ineligible_capture):
+    ws_path, stdout = ineligible_capture  # captured once per session (conftest), also read by test_report
+    assert "ineligible fixture done" in stdout  # the user's own output still reaches the terminal
     graphs = wsmod.load(ws_path).graphs
     reasons = sorted(g.reason.split(" ")[0] for g in graphs if not g.eligible)
     assert reasons == ["dynamic", "mutates"], [g.reason for g in graphs]
@@ -105,13 +104,21 @@ def test_capture_json_lists_graphs_and_passes_the_scripts_own_arguments(tmp_path
     assert [8, 128] in [i["shape"] for i in meta["inputs"]]
 
 
-def test_script_that_raises_exits_1_with_its_traceback_and_keeps_the_graph_captured_before(tmp_path, inductor_cache):
-    cmd = [sys.executable, "-m", "tilesmith_cli.app", "capture", str(FIXTURES / "raises.py"), "-w", str(tmp_path / "ws")]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+@pytest.fixture(scope="module")
+def raises_capture(tmp_path_factory, inductor_cache):
+    """tests/fixtures/raises.py captured once (it compiles one graph, then raises): the workspace and the
+    finished process. Read-only: test_append_adds_new_graphs_to_an_existing_workspace appends to a copy."""
+    ws = tmp_path_factory.mktemp("ws-raises") / "ws"
+    cmd = [sys.executable, "-m", "tilesmith_cli.app", "capture", str(FIXTURES / "raises.py"), "-w", str(ws)]
+    return ws, subprocess.run(cmd, capture_output=True, text=True)
+
+
+def test_script_that_raises_exits_1_with_its_traceback_and_keeps_the_graph_captured_before(raises_capture):
+    ws_path, p = raises_capture
     assert p.returncode == 1
     assert "boom from the user's script" in p.stderr and "raises.py" in p.stderr
     assert "run the script without tilesmith" in p.stderr
-    ws = wsmod.load(tmp_path / "ws")
+    ws = wsmod.load(ws_path)
     assert ws.status == "script-failed" and len(ws.graphs) == 1 and ws.graphs[0].data_stored
 
 
@@ -139,9 +146,10 @@ def test_existing_workspace_is_refused_unless_force_or_append(tmp_path, training
     assert r.exit_code == 1 and (other / "precious.txt").exists()
 
 
-def test_append_adds_new_graphs_to_an_existing_workspace(tmp_path, inductor_cache):
+def test_append_adds_new_graphs_to_an_existing_workspace(tmp_path, raises_capture):
     ws_path = tmp_path / "ws"
-    assert run_capture_subprocess(FIXTURES / "raises.py", ws_path).returncode == 1
+    shutil.copytree(raises_capture[0], ws_path)  # a copy: the module's capture stays as it was
+    assert [g.kind for g in wsmod.load(ws_path).graphs] == ["inference"]
     cmd = [sys.executable, "-m", "tilesmith_cli.app", "capture", str(EXAMPLES / "inference.py"), "-w", str(ws_path),
            "--append", "--", "--steps", "1"]
     p = subprocess.run(cmd, capture_output=True, text=True)

@@ -25,12 +25,10 @@ import pytest
 from typer.testing import CliRunner
 
 from tests import gate_helpers as h
-from tests.conftest import run_capture_subprocess
 from tilesmith import paths
 from tilesmith.report import TOP_KERNELS, build_report
 from tilesmith_cli.app import app
 
-FIXTURES = Path(__file__).parent / "fixtures"
 runner = CliRunner()
 
 
@@ -44,7 +42,7 @@ class Runs:
 
 
 @pytest.fixture(scope="session")
-def real_runs(tmp_path_factory, inductor_cache, slow_matmul_graph) -> Runs:
+def real_runs(tmp_path_factory, inductor_cache, slow_matmul_graph, ineligible_capture) -> Runs:
     from tilesmith.gate import Policy
     from tilesmith.optimize import OptimizeSettings, optimize
     from tilesmith.submit import submit
@@ -56,8 +54,8 @@ def real_runs(tmp_path_factory, inductor_cache, slow_matmul_graph) -> Runs:
     saved = {k: os.environ.get(k) for k in ("TILESMITH_HOME", "OMP_NUM_THREADS")}
     os.environ.update(TILESMITH_HOME=str(home), OMP_NUM_THREADS="1")
     try:
-        p = run_capture_subprocess(FIXTURES / "ineligible.py", ws_inel)
-        assert p.returncode == 0, p.stderr
+        # ineligible.py as the session already captured it, with one thread (conftest): a copy to optimize
+        shutil.copytree(ineligible_capture[0], ws_inel)
         opt = optimize(ws_inel, OptimizeSettings(optimizer="tuner", loops=1, gate_time_budget_s=2.0))
         # slow_matmul.py's graph as the session already captured it (conftest): submit only reads it
         graph = slow_matmul_graph

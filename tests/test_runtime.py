@@ -77,13 +77,25 @@ def warnings_in(p) -> list[str]:
 
 # -- fixtures --------------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
-def slow_ws(tmp_path_factory, inductor_cache):
-    return captured_workspace(tmp_path_factory, "ws-slow", SLOW, "--slow")
+def pointwise_ws(tmp_path_factory, inductor_cache):
+    """slow_pointwise.py captured twice, --slow and not, side by side (two compiles of different kernels,
+    nothing timed): (slow workspace, fast workspace)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        slow = pool.submit(captured_workspace, tmp_path_factory, "ws-slow", SLOW, "--slow")
+        fast = pool.submit(captured_workspace, tmp_path_factory, "ws-fast", SLOW)
+        return slow.result(), fast.result()
 
 
 @pytest.fixture(scope="session")
-def fast_ws(tmp_path_factory, inductor_cache):
-    return captured_workspace(tmp_path_factory, "ws-fast", SLOW)
+def slow_ws(pointwise_ws):
+    return pointwise_ws[0]
+
+
+@pytest.fixture(scope="session")
+def fast_ws(pointwise_ws):
+    return pointwise_ws[1]
 
 
 @pytest.fixture(scope="module")
@@ -139,10 +151,16 @@ def test_every_training_graph_is_substituted_on_cold_and_warm_caches_with_the_sa
     assert len(ks) == 4  # fw and bw on both sides of the graph break
     for k in ks:
         install_direct(training_ws, k, marker_artifact((training_ws / "graphs" / k / "wrapper.py").read_text(), k))
+    from concurrent.futures import ThreadPoolExecutor
+
     cache = tmp_path / "cache"
     cold = run(EXAMPLES / "training.py", "--steps", "2", cache=cache)
-    warm = run(EXAMPLES / "training.py", "--steps", "2", cache=cache)  # FX- and AOTAutograd-cache hits
-    plain = run(EXAMPLES / "training.py", "--steps", "2", cache=cache, runtime=False)
+    # Then two processes on the cache the cold run filled, side by side (nothing here is timed, and each
+    # mostly imports torch: two at a time use both cores of a small CI box).
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        warm = pool.submit(run, EXAMPLES / "training.py", "--steps", "2", cache=cache)  # FX- and AOTAutograd-cache hits
+        plain = pool.submit(run, EXAMPLES / "training.py", "--steps", "2", cache=cache, runtime=False)
+        warm, plain = warm.result(), plain.result()
     for p in (cold, warm):
         assert p.returncode == 0, p.stderr
         s = stats_of(p)
