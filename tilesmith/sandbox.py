@@ -93,7 +93,30 @@ def scrubbed_env(tmp: Path) -> dict:
     env.update(HOME=str(tmp / "home"), TMPDIR=str(tmp / "tmp"), TILESMITH_HOME=str(tmp / "home" / "tilesmith"),
                TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
     env.pop("TILESMITH_DEBUG", None)
+    if "TORCHINDUCTOR_VEC_ISA_OK" not in env and vec_isa_settled():
+        env["TORCHINDUCTOR_VEC_ISA_OK"] = "1"  # the workers pick what the probe would, without probing
     return env
+
+
+_ISA: dict = {}
+
+
+def vec_isa_settled() -> bool:
+    """Whether every CPU vector ISA this CPU's flags offer Inductor also builds and loads here (Inductor's
+    probe, run once in this process). Then a worker may skip that probe (TORCHINDUCTOR_VEC_ISA_OK=1: about
+    a second and three subprocesses in every interpreter that loads C++ kernels) and picks exactly what
+    the probe would have; where the two lists differ, workers probe as usual."""
+    if "ok" not in _ISA:
+        try:
+            from torch._inductor import config, cpu_vec_isa
+
+            probed = [str(i) for i in cpu_vec_isa.valid_vec_isa_list()]
+            with config.patch({"cpp.vec_isa_ok": True}):  # what the flags alone offer, nothing built
+                offered = [str(i) for i in cpu_vec_isa.valid_vec_isa_list.__wrapped__()]
+            _ISA["ok"] = bool(probed) and probed == offered
+        except Exception:  # noqa: BLE001 - another torch, another platform: workers probe as usual
+            _ISA["ok"] = False
+    return _ISA["ok"]
 
 
 # -- the sandbox -----------------------------------------------------------------------------------
