@@ -12,7 +12,6 @@ The HTML page is checked in headless Chromium (skipped, with the reason, when it
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
 import subprocess
@@ -51,9 +50,9 @@ def real_runs(tmp_path_factory, inductor_cache, slow_matmul_graph, ineligible_ca
     ws_inel, home = root / "ws-ineligible", root / "home"
     # One OpenMP thread everywhere: on a small shared CPU box, spinning OpenMP/MKL threads of two
     # processes fighting for two cores make the gate's timing noise, not a measurement.
-    saved = {k: os.environ.get(k) for k in ("TILESMITH_HOME", "OMP_NUM_THREADS")}
-    os.environ.update(TILESMITH_HOME=str(home), OMP_NUM_THREADS="1")
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TILESMITH_HOME", str(home))
+        mp.setenv("OMP_NUM_THREADS", "1")
         # ineligible.py as the session already captured it, with one thread (conftest): a copy to optimize
         shutil.copytree(ineligible_capture[0], ws_inel)
         opt = optimize(ws_inel, OptimizeSettings(optimizer="tuner", loops=1, gate_time_budget_s=2.0))
@@ -63,12 +62,6 @@ def real_runs(tmp_path_factory, inductor_cache, slow_matmul_graph, ineligible_ca
         cand.write_text(h.mm_instead_of_loops((graph / "wrapper.py").read_text()))
         sub = submit(graph, cand, Policy(time_budget_s=2.0))
         assert sub.accepted, sub.verdict.get("reasons")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return Runs(home, opt.run_id, sub.run_id, ws_inel, graph)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -65,9 +64,9 @@ def setting_run(tmp_path_factory, inductor_cache) -> SettingRun:
 
     root = tmp_path_factory.mktemp("setting-run")
     ws, home = root / "ws", root / "home"
-    saved = {k: os.environ.get(k) for k in ("TILESMITH_HOME", "OMP_NUM_THREADS")}
-    os.environ.update(TILESMITH_HOME=str(home), OMP_NUM_THREADS="1")  # one OpenMP thread: see test_report.py
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TILESMITH_HOME", str(home))
+        mp.setenv("OMP_NUM_THREADS", "1")  # one OpenMP thread: see test_report.py
         p = run_capture_subprocess(FIXTURES / "slow_matmul.py", ws, "--size", str(SIZES[0]))
         assert p.returncode == 0, p.stderr
         for size in SIZES[1:]:
@@ -98,12 +97,6 @@ def setting_run(tmp_path_factory, inductor_cache) -> SettingRun:
         done = {t.key: t for t in r.tracks}
         assert done[keys[128]].loops_done == 1 and done[keys[64]].loops_done == 1, r.tracks
         assert done[keys[96]].loops_done == 0 and done[keys[96]].candidates == 1, r.tracks
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return SettingRun(home, r.run_id, ws, keys)
 
 
