@@ -190,6 +190,14 @@ def wrap(argv: list[str], spec: Spec, force: bool = False) -> list[str]:
     """argv run inside the sandbox described by spec (or argv itself at the env-only level)."""
     if not force and level() != "namespaces":
         return list(argv)
+    full = _full_spec(spec)
+    return ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--propagation", "private", "--",
+            sys.executable, "-S", "-I", str(Path(__file__).with_name("sandbox_stage.py")), json.dumps(full.__dict__),
+            "--", *argv]
+
+
+def _full_spec(spec: Spec) -> Spec:
+    """spec with what every sandbox adds: the interpreter's paths, the default hidden folders, the caches."""
     base = [os.path.realpath(p) for p in _default_hidden()]
     full = Spec(scratch=os.path.realpath(spec.scratch), readable=_needed_paths() + [os.path.realpath(p) for p in spec.readable],
                 writable=[os.path.realpath(p) for p in spec.writable],
@@ -198,9 +206,7 @@ def wrap(argv: list[str], spec: Spec, force: bool = False) -> list[str]:
                 private_tmp=[os.path.realpath(p) for p in (tempfile.gettempdir(), "/dev/shm")])
     for c in full.caches:
         os.makedirs(c, exist_ok=True)  # a cache made inside the sandbox would be lost, and a hidden one unwritable
-    return ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--propagation", "private", "--",
-            sys.executable, "-S", "-I", str(Path(__file__).with_name("sandbox_stage.py")), json.dumps(full.__dict__),
-            "--", *argv]
+    return full
 
 
 def _default_hidden() -> list[str]:
@@ -229,11 +235,22 @@ def _needed_paths() -> list[str]:
 
 # -- starting commands -----------------------------------------------------------------------------
 
-def popen(argv: list[str], spec: Spec, env: dict | None = None, **kw) -> subprocess.Popen:
-    """Start argv in the sandbox, in its scratch folder, with `env` (default: the scrubbed environment)."""
+def popen(argv: list[str], spec: Spec, env: dict | None = None, fork: bool = False, **kw):
+    """Start argv in the sandbox, in its scratch folder, with `env` (default: the scrubbed environment).
+
+    fork=True: a `python -m MODULE ...` argv is forked from the zygote (tilesmith/zygote.py) into the same
+    sandbox instead of a new interpreter importing torch again; the result then has the part of
+    subprocess.Popen's interface a gate worker uses (pid, stdin, poll, wait, returncode). Where the zygote
+    cannot serve it (another argv, other standard streams, no zygote), it starts the usual way."""
     scratch = Path(spec.scratch)
     env = scrubbed_env(scratch) if env is None else env
     kw.setdefault("cwd", scratch)
+    if fork:
+        from tilesmith import forked
+
+        p = forked.popen(argv, spec, env, **kw)
+        if p is not None:
+            return p
     return subprocess.Popen(wrap(argv, spec), env=env, start_new_session=True, **kw)
 
 

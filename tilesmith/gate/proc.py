@@ -18,7 +18,7 @@ import time
 import weakref
 from pathlib import Path
 
-from tilesmith import sandbox
+from tilesmith import forked, sandbox
 from tilesmith.gate.procfs import tree_cpu_ns
 from tilesmith.sandbox import _SECRET
 
@@ -70,8 +70,8 @@ class Worker:
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", str(w)]
         env = openmp_wait({**worker_env(self.dir), "TILESMITH_GATE_DEVICE": device})
         spec = sandbox.Spec(scratch=str(self.dir), readable=[str(p) for p in readable])
-        self.proc = sandbox.popen(cmd, spec, env, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-                                  pass_fds=(w,))
+        self.proc = sandbox.popen(cmd, spec, env, fork=forked.wanted(device), stdin=subprocess.PIPE, stdout=self._log,
+                                  stderr=subprocess.STDOUT, pass_fds=(w,))
         os.close(w)
         self._r = r
         self._buf = b""

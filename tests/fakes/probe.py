@@ -1,0 +1,48 @@
+"""`python -m tests.fakes.probe ACTION...`: what a started worker sees, as one JSON line (tests/test_forked.py)."""
+
+import json
+import os
+import random
+import socket
+import sys
+import tempfile
+import time
+
+
+def _fds():
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+        if not target.startswith("/proc/"):
+            out[int(name)] = target
+    return out
+
+
+def main(argv):
+    action = argv[0] if argv else "report"
+    if action == "exit":
+        sys.exit(int(argv[1]))
+    if action == "raise":
+        raise RuntimeError("the probe raised on purpose")
+    if action == "sleep":
+        print(json.dumps({"pid": os.getpid()}), flush=True)
+        time.sleep(600)
+    import torch
+
+    try:
+        socket.create_connection(("1.1.1.1", 53), timeout=2).close()
+        net = "reached"
+    except OSError as e:
+        net = type(e).__name__
+    print(json.dumps({"pid": os.getpid(), "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+                      "fds": sorted(_fds()), "env": dict(os.environ), "cwd": os.getcwd(), "argv": sys.argv[1:],
+                      "path0": sys.path[0], "tmp": tempfile.gettempdir(), "random": random.random(),
+                      "threads": torch.get_num_threads(), "net": net,
+                      "initial_env": open("/proc/self/environ", "rb").read().decode(errors="replace")}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

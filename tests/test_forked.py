@@ -1,0 +1,145 @@
+"""Workers forked from the zygote (tilesmith/zygote.py, tilesmith/forked.py): the same sandbox, environment,
+descriptors and exit statuses as a worker started as a new interpreter, and none outlives its parent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tilesmith import forked, sandbox
+from tilesmith.errors import TilesmithError
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMESPACES = sandbox.level() == "namespaces"
+
+
+def _start(tmp: Path, *args: str, fork: bool = True, **env_extra):
+    scratch = tmp / f"w{len(list(tmp.iterdir()))}"
+    scratch.mkdir()
+    env = {**sandbox.scrubbed_env(scratch), "PYTHONPATH": str(ROOT), **env_extra}
+    log = open(scratch / "out.txt", "wb")
+    p = sandbox.popen([sys.executable, "-m", "tests.fakes.probe", *args], sandbox.Spec(scratch=str(scratch)), env,
+                      fork=fork, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    return p, scratch, env
+
+
+def _report(p, scratch: Path) -> dict:
+    assert p.wait(timeout=120) == 0, (scratch / "out.txt").read_text()
+    return json.loads((scratch / "out.txt").read_text().strip().splitlines()[-1])
+
+
+def test_a_forked_worker_sees_its_own_environment_folder_and_descriptors_and_nothing_else(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-forked-worker-must-not-see-this")
+    p, scratch, env = _start(tmp_path, "report", "x y")
+    q, scratch2, _ = _start(tmp_path, "report")
+    assert isinstance(p, forked.Forked) and isinstance(q, forked.Forked)  # not a new interpreter
+    a, b = _report(p, scratch), _report(q, scratch2)
+    assert a["env"] == env  # exactly what it was given: its own HOME, TMPDIR, TILESMITH_HOME
+    assert a["tmp"] == env["TMPDIR"] and a["cwd"] == str(scratch.resolve()) and a["path0"] == str(scratch.resolve())
+    assert a["argv"] == ["report", "x y"]
+    assert a["fds"] == [0, 1, 2]  # not the zygote's socket, not the lifeline
+    assert a["random"] != b["random"]  # seeded afresh, as a new interpreter is
+    for r in (a, b):
+        assert "sk-forked-worker-must-not-see-this" not in json.dumps(r)  # neither given nor inherited
+    if NAMESPACES:
+        assert a["pid"] == 1 and a["procs"] == [1]  # its own PID namespace: no zygote, no deciding process
+        assert a["net"] != "reached"
+
+
+def test_exit_status_raise_and_kill_reach_the_parent(tmp_path):
+    p, scratch, _ = _start(tmp_path, "exit", "3")
+    assert p.wait(timeout=120) == 3
+    p, scratch, _ = _start(tmp_path, "raise")
+    assert p.wait(timeout=120) == 1
+    assert "the probe raised on purpose" in (scratch / "out.txt").read_text()
+    p, scratch, _ = _start(tmp_path, "sleep")
+    deadline = time.monotonic() + 120
+    while not (scratch / "out.txt").read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert p.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(timeout=0.1)
+    os.killpg(p.pid, signal.SIGKILL)  # what Worker.kill does: the keeper's group, the worker in it
+    assert p.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_workers_do_not_outlive_the_process_that_started_them(tmp_path):
+    """The deciding process is killed outright (no atexit, no cleanup): its workers go with it."""
+    parent = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from pathlib import Path
+        from tilesmith import sandbox
+        scratch = Path({str(tmp_path)!r}) / "w"; scratch.mkdir()
+        env = {{**sandbox.scrubbed_env(scratch), "PYTHONPATH": {str(ROOT)!r}}}
+        log = open(scratch / "out.txt", "wb")
+        p = sandbox.popen([sys.executable, "-m", "tests.fakes.probe", "sleep"], sandbox.Spec(scratch=str(scratch)),
+                          env, fork=True, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        print(type(p).__name__, p.pid, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    kind, keeper = proc.stdout.readline().split()
+    assert kind == "Forked"
+    out = tmp_path / "w" / "out.txt"
+    deadline = time.monotonic() + 120
+    while not out.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker = _children(int(keeper))
+    assert len(worker) == 1 and _alive(int(keeper)) and _alive(worker[0])
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while (_alive(int(keeper)) or _alive(worker[0])) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(int(keeper)) and not _alive(worker[0])
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        out += [int(c) for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_one_zygote_per_environment_torch_reads_at_import(tmp_path):
+    p, scratch, _ = _start(tmp_path, "report", OMP_NUM_THREADS="1")
+    one = _report(p, scratch)
+    zygotes = len(forked._zygotes)
+    p, scratch, _ = _start(tmp_path, "report", OMP_NUM_THREADS="1", PYTEST_CURRENT_TEST="another test (call)")
+    _report(p, scratch)
+    assert len(forked._zygotes) == zygotes  # its own folders and the test's name: the same zygote
+    p, scratch, _ = _start(tmp_path, "report", OMP_NUM_THREADS="2")
+    two = _report(p, scratch)
+    assert (one["threads"], two["threads"]) == (1, 2)  # what the zygote's torch read at import
+
+
+def test_fork_workers_off_starts_a_new_interpreter_and_a_bad_value_is_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILESMITH_FORK_WORKERS", "off")
+    assert not forked.wanted("cpu")
+    monkeypatch.setenv("TILESMITH_FORK_WORKERS", "auto")
+    assert forked.wanted("cpu") and not forked.wanted("cuda:0")  # CUDA: not the default yet
+    monkeypatch.setenv("TILESMITH_FORK_WORKERS", "on")
+    assert forked.wanted("cuda:0")
+    monkeypatch.setenv("TILESMITH_FORK_WORKERS", "sometimes")
+    with pytest.raises(TilesmithError) as e:
+        forked.wanted("cpu")
+    assert e.value.code == "usage"
+    p, scratch, _ = _start(tmp_path, "report", fork=False)
+    assert isinstance(p, subprocess.Popen) and _report(p, scratch)["fds"] == [0, 1, 2]

@@ -1,0 +1,287 @@
+"""The deciding process's side of tilesmith/zygote.py: workers forked from an interpreter that has already
+imported torch, into the same sandbox tilesmith.sandbox builds (see sandbox.popen(..., fork=True)).
+
+TILESMITH_FORK_WORKERS: auto (default) forks CPU gate workers on Linux; on also forks CUDA ones (the
+zygote never initialises CUDA, and each worker creates its own context; not yet the default until the
+GPU suite has run it); off starts every worker as a new interpreter.
+
+One zygote serves every worker whose environment is the same apart from its own folders (HOME, TMPDIR,
+TILESMITH_HOME) and device: what torch reads when it is imported (OMP_NUM_THREADS, GOMP_SPINCOUNT, the
+cache folders...) is then what the zygote read. Another environment gets its own zygote.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+# Set in each worker's own environment, never read by what the zygote imports: they do not pick the zygote.
+# (pytest names the running test in PYTEST_CURRENT_TEST: without it here every test would start its own.)
+PER_WORKER = ("HOME", "TMPDIR", "TILESMITH_HOME", "TILESMITH_GATE_DEVICE", "PYTEST_CURRENT_TEST")
+_KEEP = 2  # zygotes kept (different environments); the oldest goes beyond it
+_START_S = 300.0
+
+_lock = threading.Lock()
+_zygotes: dict[str, "_Zygote"] = {}
+_failed: dict[str, str] = {}  # environment key -> why its zygote could not start (then never retried)
+
+
+def mode() -> str:
+    m = os.environ.get("TILESMITH_FORK_WORKERS", "auto").strip().lower() or "auto"
+    if m not in ("auto", "on", "off"):
+        from tilesmith.errors import TilesmithError
+
+        raise TilesmithError(f"TILESMITH_FORK_WORKERS={m!r} is not one of auto, on, off", code="usage",
+                             hint="unset it, or set it to auto, on or off")
+    return m
+
+
+def wanted(device: str) -> bool:
+    """Whether a worker for `device` is forked from the zygote (see the module's docstring)."""
+    m = mode()
+    if m == "off" or not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
+        return False
+    return m == "on" or not str(device).startswith("cuda")
+
+
+class Forked:
+    """A worker forked by the zygote: pid is its keeper's (the process group to kill), returncode the
+    worker's (negative: killed by that signal; -9 where the keeper itself was killed)."""
+
+    def __init__(self, pid: int, stdin, status_fd: int):
+        self.pid = pid
+        self.stdin = stdin
+        self.returncode: int | None = None
+        self._status = status_fd
+        self.args = ["<forked>"]
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            ready, _, _ = select.select([self._status], [], [], 0)
+            if ready:
+                self._collect()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            ready, _, _ = select.select([self._status], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._collect()
+        return self.returncode
+
+    def _collect(self) -> None:
+        try:
+            data = os.read(self._status, 4)
+        except OSError:
+            data = b""
+        os.close(self._status)
+        self.returncode = struct.unpack("i", data)[0] if len(data) == 4 else -int(signal.SIGKILL)
+
+    def __del__(self):
+        if self.returncode is None:
+            try:
+                os.close(self._status)
+            except OSError:
+                pass
+
+
+class _Zygote:
+    def __init__(self, env: dict):
+        self.dir = Path(tempfile.mkdtemp(prefix="tilesmith-zygote-"))
+        for d in ("home", "tmp"):
+            (self.dir / d).mkdir()
+        env = {**env, "HOME": str(self.dir / "home"), "TMPDIR": str(self.dir / "tmp"),
+               "TILESMITH_HOME": str(self.dir / "home" / "tilesmith")}
+        env.pop("TILESMITH_GATE_DEVICE", None)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        life_r = _lifeline()
+        self._log = open(self.dir / "log.txt", "wb")
+        self.sock = mine
+        self.lock = threading.Lock()
+        self.ready = False
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "tilesmith.zygote", str(theirs.fileno()), str(life_r)],
+                                         env=env, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(), life_r),
+                                         start_new_session=True)
+        finally:
+            theirs.close()
+
+    def _await_ready(self) -> None:
+        if self.ready:
+            return
+        reply = self._recv(_START_S)
+        if not reply.get("ready"):
+            raise OSError(f"the zygote did not start: {reply}")
+        self.ready = True
+
+    def _recv(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, min(left, 1.0)))
+            if ready:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    raise OSError("the zygote exited: " + self.log_tail())
+                return json.loads(data)
+            if self.proc.poll() is not None:
+                raise OSError(f"the zygote exited with status {self.proc.returncode}: " + self.log_tail())
+            if left <= 0:
+                raise OSError(f"the zygote did not answer within {timeout_s:.0f} s")
+
+    def log_tail(self) -> str:
+        try:
+            return " | ".join((self.dir / "log.txt").read_text(errors="replace").strip().splitlines()[-3:])
+        except OSError:
+            return ""
+
+    def spawn(self, req: dict, fds: list[int]) -> int:
+        with self.lock:
+            self._await_ready()
+            socket.send_fds(self.sock, [json.dumps(req).encode()], fds)
+            reply = self._recv(60.0)
+        if "pid" not in reply:
+            raise OSError(f"the zygote could not fork: {reply.get('error')}")
+        return int(reply["pid"])
+
+    def close(self) -> None:
+        for f in (self.sock, self._log):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _key(env: dict) -> str:
+    items = sorted((k, v) for k, v in env.items() if k not in PER_WORKER)
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+
+def _zygote(env: dict) -> "_Zygote | None":
+    key = _key(env)
+    with _lock:
+        if key in _failed:
+            return None
+        z = _zygotes.get(key)
+        if z is not None and z.proc.poll() is None:
+            return z
+        try:
+            z = _zygotes[key] = _Zygote(env)
+        except OSError as e:
+            _failed[key] = str(e)
+            return None
+        retired = [_zygotes.pop(k) for k in list(_zygotes)[:-_KEEP]]
+    for r in retired:  # the workers it forked live on: their keepers watch this process's lifeline
+        r.close()
+    return z
+
+
+_LIFE: list[int] = []
+
+
+def _lifeline() -> int:
+    """The read end of a pipe whose write end only this process holds, for its whole life: a keeper sees
+    it close (EOF) when this process ends, however it ends, and then kills its worker."""
+    with _life_lock:
+        if not _LIFE:
+            r, w = os.pipe()
+            _LIFE.extend([r, w])
+        return _LIFE[0]
+
+
+_life_lock = threading.Lock()
+
+
+def _stdio(value, default: int | None) -> tuple[int | None, bool]:
+    """(fd, ours) for a Popen-style stdin/stdout/stderr value; (None, False) when not supported here."""
+    if value is None:
+        return default, False
+    if value == subprocess.DEVNULL:
+        return os.open(os.devnull, os.O_RDWR), True
+    if isinstance(value, int) and value >= 0:
+        return value, False
+    if hasattr(value, "fileno"):
+        return value.fileno(), False
+    return None, False
+
+
+def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, stderr=None,
+          pass_fds: tuple = (), **rest) -> "Forked | None":
+    """argv forked from the zygote into `spec`'s sandbox, or None where it cannot be (the caller then starts
+    it the usual way): argv must be `sys.executable -m MODULE ...`; stdin a pipe, DEVNULL or a descriptor;
+    stdout a file or DEVNULL; stderr STDOUT, a file or DEVNULL."""
+    if rest or len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m" or stdout == subprocess.PIPE \
+            or stderr == subprocess.PIPE:
+        return None
+    from tilesmith import sandbox
+
+    z = _zygote(env)
+    if z is None:
+        return None
+    opened: list[int] = []
+    pipe_w = None
+    try:
+        if stdin == subprocess.PIPE:
+            fd_in, pipe_w = os.pipe()
+            opened.append(fd_in)
+        else:
+            fd_in, ours = _stdio(stdin, None)
+            if fd_in is None:
+                fd_in, ours = os.open(os.devnull, os.O_RDONLY), True
+            opened += [fd_in] if ours else []
+        fd_out, ours = _stdio(stdout, 1)
+        opened += [fd_out] if ours else []
+        if stderr == subprocess.STDOUT:
+            fd_err = fd_out
+        else:
+            fd_err, ours = _stdio(stderr, 2)
+            opened += [fd_err] if ours else []
+        status_r, status_w = os.pipe()
+        opened.append(status_w)
+        full = sandbox._full_spec(spec).__dict__ if sandbox.level() == "namespaces" else None
+        req = {"module": argv[2], "args": list(argv[3:]), "env": env, "cwd": os.path.realpath(str(cwd or spec.scratch)),
+               "spec": full, "targets": [0, 1, 2, *pass_fds]}
+        try:
+            pid = z.spawn(req, [fd_in, fd_out, fd_err, *pass_fds, status_w])
+        except (OSError, ValueError) as e:
+            os.close(status_r)
+            if pipe_w is not None:
+                os.close(pipe_w)
+            with _lock:
+                _failed[_key(env)] = str(e)
+            return None
+        return Forked(pid, os.fdopen(pipe_w, "wb") if pipe_w is not None else None, status_r)
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+@atexit.register
+def _close_all() -> None:
+    with _lock:
+        zs = list(_zygotes.values())
+        _zygotes.clear()
+    for z in zs:
+        z.close()

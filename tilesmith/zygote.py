@@ -1,0 +1,234 @@
+"""Workers forked from an interpreter that has already imported torch: `python -m tilesmith.zygote SOCK_FD`.
+
+Starting a worker is mostly an interpreter importing torch and Inductor: about 3.6 s of CPU on the
+2-core VM, 12-13 s on the H200 host, several times per gate decision. The zygote pays that once per
+deciding process (and environment): it imports those modules and nothing else. It runs no graph, no
+wrapper, no candidate and no torch operator, and never touches CUDA. For each worker it forks a process
+(the keeper) that enters the same OS sandbox as `unshare` and tilesmith/sandbox_stage.py build (new
+user, mount, network and PID namespaces, the same file-system view) and forks the namespace's first
+process, which runs `python -m MODULE ARGS` through runpy with the worker's own environment, working
+folder and file descriptors. No candidate code ever ran in any ancestor of a worker, so each is as
+fresh as one started from scratch: what the gate relies on (the original timed where candidate code
+never ran, process-state fingerprints) holds unchanged.
+
+The keeper stays outside the new PID namespace: it waits for the worker, writes its exit status on a
+pipe the deciding process reads, and kills it when the deciding process's lifeline closes. Killing the
+keeper's process group kills the worker too, and when the worker ends the kernel ends everything left
+in its PID namespace. Protocol: one SOCK_SEQPACKET message per worker (a JSON header and the file
+descriptors), answered with {"pid": KEEPER_PID} or {"error": ...}.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+# What every worker imports first (torch, Inductor's loading and wrapper-header modules, the gate
+# worker's own helpers): trusted modules, imported here once. The worker modules themselves are not
+# (runpy runs them as __main__, fresh, in each worker).
+PRELOAD = ("torch", "torch._inductor.codecache", "tilesmith.loading", "torch._inductor.async_compile",
+           "torch._inductor.codegen.memory_planning", "torch._inductor.hooks", "torch._inductor.select_algorithm",
+           "torch._inductor.utils", "torch._inductor.codegen.multi_kernel", "tilesmith.capture.tensors",
+           "tilesmith.clock", "tilesmith.errors", "tilesmith.gate.patches", "tilesmith.gate.fingerprint",
+           "tilesmith.gate.inputs", "tilesmith.gate.worker_outputs", "tilesmith.gate.worker_tensors",
+           "tilesmith.sandbox_stage")
+
+
+def _preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # absent in this torch version: the worker that needs it says so itself
+            pass
+    if os.environ.get("TILESMITH_ZYGOTE_VEC_ISA") == "1":  # CPU workers: Inductor's ISA probe, cached
+        try:
+            from torch._inductor import cpu_vec_isa
+
+            cpu_vec_isa.pick_vec_isa()
+        except Exception:
+            pass
+
+
+def _unshare(flags: int) -> None:
+    if _libc.unshare(ctypes.c_int(flags)) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"unshare: {os.strerror(e)}")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _enter_namespaces() -> None:
+    """What `unshare --user --map-root-user --mount --pid --net` does to its own process."""
+    uid, gid = os.geteuid(), os.getegid()
+    _unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"0 {uid} 1")
+    _write("/proc/self/gid_map", f"0 {gid} 1")
+
+
+def _place_fds(fds: list[int], targets: list[int]) -> None:
+    """Give the received descriptors the numbers the worker's argv names; close every other one."""
+    top = max(targets + fds) + 1
+    high = [_dup_above(fd, top + i) for i, fd in enumerate(fds)]
+    for h, t in zip(high, targets):
+        os.dup2(h, t, inheritable=True)
+    keep = set(targets)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _dup_above(fd: int, low: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD, low)
+
+
+def _run(req: dict, fds: list[int]) -> None:
+    """The worker: inside the namespaces (as their first process), or beside the keeper at env-only."""
+    code = 97
+    try:
+        _libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: dies with its keeper
+        cwd = req["cwd"]
+        os.chdir(cwd)
+        if req.get("spec"):
+            from tilesmith import sandbox_stage
+
+            sandbox_stage._setup(req["spec"], cwd)
+        _place_fds(fds, req["targets"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        import random
+        import tempfile
+
+        tempfile.tempdir = None  # gettempdir() reads the worker's TMPDIR again
+        random.seed()  # a fresh interpreter seeds from the OS; a fork would share the zygote's state
+        sys.argv = [req["module"], *req["args"]]
+        sys.path[0] = cwd  # what `python -m` puts first
+        code = 1
+    except BaseException as e:  # noqa: BLE001 - the sandbox could not be built: refuse to run the worker
+        try:
+            os.write(2, f"tilesmith sandbox: {e}\n".encode())
+        finally:
+            os._exit(code)
+    import runpy
+    import traceback
+
+    try:
+        runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - what an interpreter prints on an uncaught exception
+        traceback.print_exc()
+        code = 1
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    os._exit(code & 0xFF)
+
+
+def _keeper(req: dict, fds: list[int], life_fd: int) -> None:
+    """The keeper: sets up the namespaces, forks the worker, reports its exit status, never returns."""
+    status_w = fds[-1]
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the zygote ignores it (auto-reap); a waiter must not
+        os.setsid()  # its own process group: the deciding process kills the group
+        if req.get("spec"):
+            _enter_namespaces()
+        pid = os.fork()
+    except BaseException as e:  # noqa: BLE001
+        try:
+            os.write(fds[2], f"tilesmith sandbox: {e}\n".encode())
+        finally:
+            os._exit(97)
+    if pid == 0:
+        os.close(life_fd)
+        os.close(status_w)
+        _run(req, fds[:-1])
+    for fd in fds[:-1]:
+        os.close(fd)
+    status = _wait(pid, life_fd)
+    if os.WIFSIGNALED(status):
+        rc = -os.WTERMSIG(status)
+    else:
+        rc = os.WEXITSTATUS(status)
+    try:
+        os.write(status_w, struct.pack("i", rc))
+    finally:
+        os._exit(0)
+
+
+def _wait(pid: int, life_fd: int) -> int:
+    """The worker's wait status; kills it first if the deciding process goes away (its lifeline closes)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    while True:
+        ready, _, _ = select.select([life_fd] + ([pidfd] if pidfd is not None else []), [], [],
+                                   None if pidfd is not None else 0.2)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if life_fd in ready:  # EOF: the deciding process is gone
+            os.kill(pid, signal.SIGKILL)
+            return os.waitpid(pid, 0)[1]
+
+
+def main(sock_fd: int, life_fd: int) -> None:
+    # Ends when the deciding process closes its end of the socket (or dies): no PR_SET_PDEATHSIG, which
+    # would fire when the *thread* that started it ends. Its workers watch the deciding process's lifeline.
+    sock = socket.socket(fileno=sock_fd)
+    _preload()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
+    sock.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
+        except OSError:
+            break
+        if not msg:
+            break  # the deciding process closed its end
+        try:
+            req = json.loads(msg)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+        except Exception as e:  # noqa: BLE001 - a bad request, or no fork: the caller starts one the old way
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
+            continue
+        if pid == 0:
+            sock.close()
+            _keeper(req, fds, life_fd)
+        for fd in fds:
+            os.close(fd)
+        sock.send(json.dumps({"pid": pid}).encode())
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
