@@ -143,3 +143,17 @@ def test_fork_workers_off_starts_a_new_interpreter_and_a_bad_value_is_a_usage_er
     assert e.value.code == "usage"
     p, scratch, _ = _start(tmp_path, "report", fork=False)
     assert isinstance(p, subprocess.Popen) and _report(p, scratch)["fds"] == [0, 1, 2]
+
+
+def test_what_torch_computes_at_import_is_what_a_new_interpreter_computes(tmp_path):
+    """The zygote imported torch under its own TMPDIR: a forked worker must see its own, as a new
+    interpreter would (Inductor's precompiled-header folder is computed at import from it)."""
+    seen = []
+    for fork in (True, False):
+        p, scratch, env = _start(tmp_path, "report", fork=fork)
+        assert isinstance(p, forked.Forked) == fork
+        r = _report(p, scratch)
+        assert r["header_dir"].startswith(env["TMPDIR"] + os.sep)
+        seen.append(json.loads(json.dumps(r).replace(str(scratch.resolve()), "<scratch>").replace(str(scratch), "<scratch>")))
+    for k in ("header_dir", "inductor_config", "threads", "path0", "tmp", "fds", "argv"):
+        assert seen[0][k] == seen[1][k], k

@@ -56,16 +56,54 @@ def wanted(device: str) -> bool:
     return m == "on" or not str(device).startswith("cuda")
 
 
+def wanted_for(graph_dirs) -> bool:
+    """wanted() for a worker that runs these captured graphs (their graph.json says the device)."""
+    from tilesmith.workspace import load_graph_json
+
+    try:
+        return all(wanted(str(load_graph_json(g).get("device") or "cpu")) for g in graph_dirs)
+    except Exception:  # noqa: BLE001 - an unreadable graph: started the usual way, which reports the problem
+        return False
+
+
 class Forked:
     """A worker forked by the zygote: pid is its keeper's (the process group to kill), returncode the
     worker's (negative: killed by that signal; -9 where the keeper itself was killed)."""
 
-    def __init__(self, pid: int, stdin, status_fd: int):
+    def __init__(self, pid: int, stdin, status_fd: int, stdout_fd: int | None = None, stderr_fd: int | None = None,
+                 text: bool = False):
         self.pid = pid
         self.stdin = stdin
         self.returncode: int | None = None
         self._status = status_fd
+        self._pipes = {"out": stdout_fd, "err": stderr_fd}  # our read ends of stdout=PIPE / stderr=PIPE
+        self._text = text
         self.args = ["<forked>"]
+
+    def communicate(self, timeout: float | None = None):
+        """subprocess.Popen.communicate for stdout/stderr pipes (no input): reads both to the end, then waits;
+        raises subprocess.TimeoutExpired, and may be called again after it (what was read is kept)."""
+        if not hasattr(self, "_got"):
+            self._got = {"out": b"", "err": b""}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(fd is not None for fd in self._pipes.values()):
+            live = {fd: k for k, fd in self._pipes.items() if fd is not None}
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            ready, _, _ = select.select(list(live), [], [], left)
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if chunk:
+                    self._got[live[fd]] += chunk
+                else:
+                    os.close(fd)
+                    self._pipes[live[fd]] = None
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        out, err = self._got["out"], self._got["err"]
+        if self._text:
+            return out.decode(errors="replace"), err.decode(errors="replace")
+        return out, err
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -91,11 +129,12 @@ class Forked:
         self.returncode = struct.unpack("i", data)[0] if len(data) == 4 else -int(signal.SIGKILL)
 
     def __del__(self):
-        if self.returncode is None:
-            try:
-                os.close(self._status)
-            except OSError:
-                pass
+        for fd in [self._status if self.returncode is None else None, *self._pipes.values()]:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 class _Zygote:
@@ -228,12 +267,11 @@ def _stdio(value, default: int | None) -> tuple[int | None, bool]:
 
 
 def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, stderr=None,
-          pass_fds: tuple = (), **rest) -> "Forked | None":
+          pass_fds: tuple = (), text: bool = False, **rest) -> "Forked | None":
     """argv forked from the zygote into `spec`'s sandbox, or None where it cannot be (the caller then starts
     it the usual way): argv must be `sys.executable -m MODULE ...`; stdin a pipe, DEVNULL or a descriptor;
-    stdout a file or DEVNULL; stderr STDOUT, a file or DEVNULL."""
-    if rest or len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m" or stdout == subprocess.PIPE \
-            or stderr == subprocess.PIPE:
+    stdout a pipe, a file or DEVNULL; stderr a pipe, STDOUT, a file or DEVNULL."""
+    if rest or len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m":
         return None
     from tilesmith import sandbox
 
@@ -251,10 +289,18 @@ def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, s
             if fd_in is None:
                 fd_in, ours = os.open(os.devnull, os.O_RDONLY), True
             opened += [fd_in] if ours else []
-        fd_out, ours = _stdio(stdout, 1)
-        opened += [fd_out] if ours else []
+        reads = {}
+        if stdout == subprocess.PIPE:
+            reads["out"], fd_out = os.pipe()
+            opened.append(fd_out)
+        else:
+            fd_out, ours = _stdio(stdout, 1)
+            opened += [fd_out] if ours else []
         if stderr == subprocess.STDOUT:
             fd_err = fd_out
+        elif stderr == subprocess.PIPE:
+            reads["err"], fd_err = os.pipe()
+            opened.append(fd_err)
         else:
             fd_err, ours = _stdio(stderr, 2)
             opened += [fd_err] if ours else []
@@ -266,13 +312,14 @@ def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, s
         try:
             pid = z.spawn(req, [fd_in, fd_out, fd_err, *pass_fds, status_w])
         except (OSError, ValueError) as e:
-            os.close(status_r)
-            if pipe_w is not None:
-                os.close(pipe_w)
+            for fd in [status_r, pipe_w, *reads.values()]:
+                if fd is not None:
+                    os.close(fd)
             with _lock:
                 _failed[_key(env)] = str(e)
             return None
-        return Forked(pid, os.fdopen(pipe_w, "wb") if pipe_w is not None else None, status_r)
+        return Forked(pid, os.fdopen(pipe_w, "wb") if pipe_w is not None else None, status_r, reads.get("out"),
+                      reads.get("err"), text)
     finally:
         for fd in opened:
             os.close(fd)

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tilesmith import paths, sandbox
+from tilesmith import forked, paths, sandbox
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.proc import calm_spares
 
@@ -91,7 +91,8 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
         (Path(tmp) / "jobs.json").write_text(json.dumps(listing))
         cmd = [sys.executable, "-m", "tilesmith.profile_worker", "--batch", str(Path(tmp) / "jobs.json"), str(calls)]
         calm_spares()  # no gate worker may still be starting while this one measures
-        res = sandbox.run_json(cmd, sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs]), timeout_s)
+        res = sandbox.run_json(cmd, sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs]), timeout_s,
+                               fork=forked.wanted_for(gdirs))
     names = ", ".join(g.name[:12] for g in gdirs)
     if res.returncode is None:
         return [TilesmithError(f"profiling {names} took over {timeout_s:.0f} s", code="profile-timeout")] * len(jobs)

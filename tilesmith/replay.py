@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tilesmith import paths, sandbox
+from tilesmith import forked, paths, sandbox
 from tilesmith.errors import TilesmithError
 from tilesmith.workspace import load_graph_json
 
@@ -33,7 +33,8 @@ def replay(graph_dir: str | Path, *, timeout_s: float = 600.0, atol: float = 1e-
     meta = load_graph_json(gdir)
     cmd = [sys.executable, "-m", "tilesmith.replay", str(gdir), str(atol)]
     with tempfile.TemporaryDirectory(prefix="tilesmith-replay-") as tmp:
-        res = sandbox.run_json(cmd, sandbox.Spec(scratch=tmp, readable=[str(gdir)]), timeout_s)
+        res = sandbox.run_json(cmd, sandbox.Spec(scratch=tmp, readable=[str(gdir)]), timeout_s,
+                               fork=forked.wanted(str(meta.get("device") or "cpu")))
     if res.returncode is None:
         return ReplayResult(meta["key"], False, problems=[f"replay did not finish in {timeout_s:.0f} s"])
     if res.returncode != 0 or res.reply is None:

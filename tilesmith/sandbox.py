@@ -262,11 +262,13 @@ class Result:
     level: str  # the sandbox level it ran at
 
 
-def run_json(argv: list[str], spec: Spec, timeout_s: float, env_extra: dict | None = None) -> Result:
-    """Run a worker that prints its answer as one JSON line last: "start a worker, parse its last JSON line"."""
+def run_json(argv: list[str], spec: Spec, timeout_s: float, env_extra: dict | None = None, fork: bool = False) -> Result:
+    """Run a worker that prints its answer as one JSON line last: "start a worker, parse its last JSON line"
+    (fork: see popen)."""
     lvl = level()
     env = {**scrubbed_env(Path(spec.scratch)), **(env_extra or {})}
-    p = popen(argv, spec, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = popen(argv, spec, env, fork=fork, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+              text=True)
     try:
         out, err = p.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

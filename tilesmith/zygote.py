@@ -102,6 +102,44 @@ def _dup_above(fd: int, low: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_DUPFD, low)
 
 
+_ZYGOTE_PATHS: dict = {}  # the zygote's own folders, each worker's counterpart in its environment
+
+
+def _refresh_paths() -> None:
+    """What the preloaded modules computed at import from the zygote's folders, computed again from the
+    worker's, as a new interpreter would: Inductor's precompiled-header folder (TMPDIR), and any config
+    value of Inductor or Dynamo under the zygote's TMPDIR, HOME or working folder (xpu.cutlass_dir is the
+    working folder) moved to the worker's."""
+    mods = sys.modules
+    mine = {"TMPDIR": os.environ.get("TMPDIR", ""), "HOME": os.environ.get("HOME", ""), "cwd": os.getcwd()}
+    pairs = sorted(((_ZYGOTE_PATHS[k], mine[k]) for k in _ZYGOTE_PATHS if _ZYGOTE_PATHS[k] and mine[k]),
+                   key=lambda p: len(p[0]), reverse=True)
+    for name in ("torch._inductor.config", "torch._dynamo.config"):
+        cfg = mods.get(name)
+        if cfg is None or not hasattr(cfg, "get_config_copy"):
+            continue
+        for key, value in cfg.get_config_copy().items():
+            if not isinstance(value, str):
+                continue
+            for old, new in pairs:
+                if value == old or value.startswith(old.rstrip(os.sep) + os.sep):
+                    obj = cfg
+                    *parents, leaf = key.split(".")
+                    for part in parents:
+                        obj = getattr(obj, part)
+                    setattr(obj, leaf, new + value[len(old):])
+                    break
+    cc = mods.get("torch._inductor.codecache")
+    if cc is not None and hasattr(cc, "_HEADER_DIR") and hasattr(cc, "default_cache_dir"):
+        cc._HEADER_DIR = os.path.join(cc.default_cache_dir(), "precompiled_headers")
+        cc._HEADER_LOCK_DIR = os.path.join(cc._HEADER_DIR, "locks")
+    wb = mods.get("torch._inductor.wrapper_benchmark")
+    if wb is not None and hasattr(wb, "PROFILE_DIR"):
+        import tempfile
+
+        wb.PROFILE_DIR = tempfile.gettempdir()
+
+
 def _run(req: dict, fds: list[int]) -> None:
     """The worker: inside the namespaces (as their first process), or beside the keeper at env-only."""
     code = 97
@@ -120,6 +158,7 @@ def _run(req: dict, fds: list[int]) -> None:
         import tempfile
 
         tempfile.tempdir = None  # gettempdir() reads the worker's TMPDIR again
+        _refresh_paths()
         random.seed()  # a fresh interpreter seeds from the OS; a fork would share the zygote's state
         sys.argv = [req["module"], *req["args"]]
         sys.path[0] = cwd  # what `python -m` puts first
@@ -203,6 +242,7 @@ def main(sock_fd: int, life_fd: int) -> None:
     # would fire when the *thread* that started it ends. Its workers watch the deciding process's lifeline.
     sock = socket.socket(fileno=sock_fd)
     _preload()
+    _ZYGOTE_PATHS.update(TMPDIR=os.environ.get("TMPDIR", ""), HOME=os.environ.get("HOME", ""), cwd=os.getcwd())
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
     sock.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
     while True:

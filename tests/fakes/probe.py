@@ -31,6 +31,8 @@ def main(argv):
         print(json.dumps({"pid": os.getpid()}), flush=True)
         time.sleep(600)
     import torch
+    import torch._inductor.codecache as codecache
+    from torch._inductor import config
 
     try:
         socket.create_connection(("1.1.1.1", 53), timeout=2).close()
@@ -40,7 +42,8 @@ def main(argv):
     print(json.dumps({"pid": os.getpid(), "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
                       "fds": sorted(_fds()), "env": dict(os.environ), "cwd": os.getcwd(), "argv": sys.argv[1:],
                       "path0": sys.path[0], "tmp": tempfile.gettempdir(), "random": random.random(),
-                      "threads": torch.get_num_threads(), "net": net,
+                      "threads": torch.get_num_threads(), "net": net, "header_dir": codecache._HEADER_DIR,
+                      "inductor_config": {k: repr(v) for k, v in sorted(config.get_config_copy().items())},
                       "initial_env": open("/proc/self/environ", "rb").read().decode(errors="replace")}), flush=True)
 
 
