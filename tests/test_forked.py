@@ -157,3 +157,32 @@ def test_what_torch_computes_at_import_is_what_a_new_interpreter_computes(tmp_pa
         seen.append(json.loads(json.dumps(r).replace(str(scratch.resolve()), "<scratch>").replace(str(scratch), "<scratch>")))
     for k in ("header_dir", "inductor_config", "threads", "path0", "tmp", "fds", "argv"):
         assert seen[0][k] == seen[1][k], k
+
+
+def test_threads_that_poll_and_wait_at_once_all_see_one_exit_status(tmp_path):
+    """A spare's start-up thread and the pool's closing thread both wait on the same worker."""
+    import threading
+
+    for _ in range(4):
+        p, scratch, _ = _start(tmp_path, "sleep")
+        seen, errors = [], []
+
+        def waiter():
+            try:
+                while p.poll() is None:
+                    try:
+                        seen.append(p.wait(timeout=0.01))
+                    except subprocess.TimeoutExpired:
+                        pass
+                seen.append(p.wait(timeout=1))
+            except Exception as e:  # noqa: BLE001 - the test's point: nothing is raised
+                errors.append(e)
+
+        threads = [threading.Thread(target=waiter) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)
+        os.killpg(p.pid, signal.SIGKILL)
+        for t in threads:
+            t.join(30)
+        assert not errors and set(seen) == {-signal.SIGKILL}, (errors, seen)

@@ -75,7 +75,8 @@ class Forked:
         self.pid = pid
         self.stdin = stdin
         self.returncode: int | None = None
-        self._status = status_fd
+        self._status = status_fd  # open until this object goes: threads may poll and wait at once
+        self._status_lock = threading.Lock()
         self._pipes = {"out": stdout_fd, "err": stderr_fd}  # our read ends of stdout=PIPE / stderr=PIPE
         self._text = text
         self.args = ["<forked>"]
@@ -121,15 +122,18 @@ class Forked:
         return self.returncode
 
     def _collect(self) -> None:
-        try:
-            data = os.read(self._status, 4)
-        except OSError:
-            data = b""
-        os.close(self._status)
-        self.returncode = struct.unpack("i", data)[0] if len(data) == 4 else -int(signal.SIGKILL)
+        """Read the status once it is there (select said so); another thread may have read it first."""
+        with self._status_lock:
+            if self.returncode is not None:
+                return
+            try:
+                data = os.read(self._status, 4)
+            except OSError:
+                data = b""
+            self.returncode = struct.unpack("i", data)[0] if len(data) == 4 else -int(signal.SIGKILL)
 
     def __del__(self):
-        for fd in [self._status if self.returncode is None else None, *self._pipes.values()]:
+        for fd in [self._status, *self._pipes.values()]:
             if fd is not None:
                 try:
                     os.close(fd)
@@ -165,6 +169,8 @@ class _Zygote:
         reply = self._recv(_START_S)
         if not reply.get("ready"):
             raise OSError(f"the zygote did not start: {reply}")
+        if reply.get("cuda_driver"):  # see zygote.cuda_driver_loaded: its children could not use CUDA
+            raise OSError("the zygote loaded the CUDA driver while importing; workers start as new interpreters")
         self.ready = True
 
     def _recv(self, timeout_s: float) -> dict:
@@ -317,6 +323,9 @@ def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, s
                     os.close(fd)
             with _lock:
                 _failed[_key(env)] = str(e)
+                gone = _zygotes.pop(_key(env), None)
+            if gone is not None:
+                gone.close()
             return None
         return Forked(pid, os.fdopen(pipe_w, "wb") if pipe_w is not None else None, status_r, reads.get("out"),
                       reads.get("err"), text)

@@ -60,6 +60,17 @@ def _preload() -> None:
             pass
 
 
+def cuda_driver_loaded() -> bool:
+    """Whether the CUDA driver library is mapped into this process: a CUDA call has run (even
+    torch.cuda.is_available() loads it). A process forked after that cannot use CUDA reliably, so the
+    deciding process then forks nothing from this zygote. Importing torch alone does not load it."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libcuda.so" in line for line in f)
+    except OSError:
+        return False
+
+
 def _unshare(flags: int) -> None:
     if _libc.unshare(ctypes.c_int(flags)) != 0:
         e = ctypes.get_errno()
@@ -244,7 +255,7 @@ def main(sock_fd: int, life_fd: int) -> None:
     _preload()
     _ZYGOTE_PATHS.update(TMPDIR=os.environ.get("TMPDIR", ""), HOME=os.environ.get("HOME", ""), cwd=os.getcwd())
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
-    sock.send(json.dumps({"ready": True, "pid": os.getpid()}).encode())
+    sock.send(json.dumps({"ready": True, "pid": os.getpid(), "cuda_driver": cuda_driver_loaded()}).encode())
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)

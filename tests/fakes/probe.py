@@ -27,6 +27,17 @@ def main(argv):
         sys.exit(int(argv[1]))
     if action == "raise":
         raise RuntimeError("the probe raised on purpose")
+    if action == "cuda":  # a context of its own, a kernel, a CUDA graph
+        import torch
+
+        x = torch.arange(4.0, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        y = x * 2  # warm-up outside the capture
+        with torch.cuda.graph(g):
+            y = x * 2
+        g.replay()
+        print(json.dumps({"sum": float(y.sum()), "device": torch.cuda.get_device_name()}), flush=True)
+        return
     if action == "sleep":
         print(json.dumps({"pid": os.getpid()}), flush=True)
         time.sleep(600)

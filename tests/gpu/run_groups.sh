@@ -19,12 +19,13 @@ group() {  # name, test files...
 # one 10-minute call on an H200: run TEST_GROUPS="gate runtime" and TEST_GROUPS="capture agent" as two calls.
 for name in ${TEST_GROUPS:-gate runtime capture agent}; do
     case $name in
-        gate) group gate tests/gpu/test_gate_gpu.py tests/gpu/test_gate_redteam_gpu.py tests/gpu/test_streams_gpu.py tests/gpu/test_clock_gpu.py ;;
+        gate) group gate tests/gpu/test_gate_gpu.py tests/gpu/test_gate_redteam_gpu.py tests/gpu/test_streams_gpu.py tests/gpu/test_clock_gpu.py tests/gpu/test_forked_gpu.py ;;
+        forked) group forked tests/gpu/test_forked_gpu.py ;;
         replay) group replay tests/gpu/test_cudagraph_gpu.py ;;
         runtime) group runtime tests/gpu/test_runtime_gpu.py ;;
         capture) group capture tests/gpu/test_capture_gpu.py tests/gpu/test_relower_gpu.py ;;
         agent) group agent tests/gpu/test_agent_gpu.py tests/gpu/test_compile_gpu.py ;;
-        *) echo "unknown group $name (gate, replay, runtime, capture, agent)"; exit 2 ;;
+        *) echo "unknown group $name (gate, forked, replay, runtime, capture, agent)"; exit 2 ;;
     esac
     names="${names:-} $name"
 done

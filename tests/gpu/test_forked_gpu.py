@@ -1,0 +1,54 @@
+"""Workers forked from the zygote on the GPU machine (TILESMITH_FORK_WORKERS=on; auto forks only CPU
+workers until this file has passed there): a forked worker makes its own CUDA context and graphs, and
+the gate decides with forked workers as it does with new interpreters."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests import gate_helpers as h  # noqa: E402
+from tests.conftest import EXAMPLES, ROOT, run_capture_subprocess  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def test_gpu_a_forked_worker_runs_kernels_and_cuda_graphs(tmp_path, monkeypatch):
+    from tilesmith import forked, sandbox
+
+    monkeypatch.setenv("TILESMITH_FORK_WORKERS", "on")
+    assert forked.wanted("cuda:0")
+    env = {**sandbox.scrubbed_env(tmp_path), "PYTHONPATH": str(ROOT)}
+    log = open(tmp_path / "out.txt", "wb")
+    p = sandbox.popen([sys.executable, "-m", "tests.fakes.probe", "cuda"], sandbox.Spec(scratch=str(tmp_path)), env,
+                      fork=True, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    assert isinstance(p, forked.Forked), forked._failed
+    assert p.wait(timeout=300) == 0, (tmp_path / "out.txt").read_text()
+    r = json.loads((tmp_path / "out.txt").read_text().strip().splitlines()[-1])
+    assert r["sum"] == 12.0
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_gpu_gate_with_forked_workers_accepts_a_real_win_and_not_the_original(mode, tmp_path, monkeypatch,
+                                                                                 inductor_cache):
+    from tilesmith import forked
+    from tilesmith.gate import Policy, judge
+
+    monkeypatch.setenv("TILESMITH_FORK_WORKERS", "on")
+    ws = tmp_path / "ws"
+    p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--device", "cuda", "--mode", mode, "--steps", "3")
+    assert p.returncode == 0, p.stderr
+    graph = h.graph_of(ws)
+    text = (graph / "wrapper.py").read_text()
+    (tmp_path / "candidate.py").write_text(text)
+    slow = h.slowed_graph_copy(graph, tmp_path / "slow", reps=40)
+    v = judge(slow, tmp_path / "candidate.py", Policy(time_budget_s=8.0))
+    assert v.accepted, v.reasons
+    assert forked._zygotes and not forked._failed, forked._failed  # the workers were forked
+    v = judge(graph, tmp_path / "candidate.py", Policy(time_budget_s=8.0))
+    assert not v.accepted and v.codes == ["not-faster"], v.reasons
