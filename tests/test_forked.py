@@ -186,3 +186,41 @@ def test_threads_that_poll_and_wait_at_once_all_see_one_exit_status(tmp_path):
         for t in threads:
             t.join(30)
         assert not errors and set(seen) == {-signal.SIGKILL}, (errors, seen)
+
+
+def test_a_program_that_forks_after_tilesmith_started_workers_gets_its_own_zygote(tmp_path):
+    """A user's program running tilesmith.compile may fork (data loaders): the child never talks on its
+    parent's zygote socket, and the parent's workers still start afterwards."""
+    p, scratch, _ = _start(tmp_path, "report")
+    _report(p, scratch)
+    parents = {id(z) for z in forked._zygotes.values()}
+    lifeline = f"pipe:[{os.fstat(forked._LIFE[1]).st_ino}]"  # held only by this process
+    assert parents
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a worker of its own, from a zygote of its own
+        code = 1
+        try:
+            os.close(r)
+            q, s2, _ = _start(tmp_path, "report")
+            ok = isinstance(q, forked.Forked) and _report(q, s2)["fds"] == [0, 1, 2]
+            fresh = all(id(z) not in parents for z in forked._zygotes.values())
+            held = [n for n in os.listdir("/proc/self/fd") if _link(f"/proc/self/fd/{n}") == lifeline]
+            fresh = fresh and not held  # the parent's workers do not live as long as this child
+            os.write(w, b"ok" if ok and fresh else b"bad")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read()
+    assert os.waitpid(pid, 0)[1] == 0 and said == b"ok"
+    p, scratch, _ = _start(tmp_path, "report")  # the parent's zygote still answers
+    assert isinstance(p, forked.Forked) and _report(p, scratch)["fds"] == [0, 1, 2]
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""

@@ -334,6 +334,30 @@ def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, s
             os.close(fd)
 
 
+def _forget_in_child() -> None:
+    """After os.fork() in a process that has zygotes (a user's program that forks): the child must not
+    talk on its parent's sockets, nor hold its parent's lifeline open. It starts its own when it needs one."""
+    global _lock, _life_lock
+    _lock, _life_lock = threading.Lock(), threading.Lock()
+    for z in _zygotes.values():
+        try:
+            z.sock.close()  # this process's copy only; the parent's zygote keeps serving the parent
+        except OSError:
+            pass
+    _zygotes.clear()
+    _failed.clear()
+    for fd in _LIFE:  # the parent's write end above all: its workers must not live as long as this child
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LIFE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 @atexit.register
 def _close_all() -> None:
     with _lock:
