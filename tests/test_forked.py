@@ -224,3 +224,75 @@ def _link(path: str) -> str:
         return os.readlink(path)
     except OSError:
         return ""
+
+@pytest.mark.skipif(not NAMESPACES, reason="needs user namespaces")
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "new-interpreter"])
+def test_the_sandboxed_command_cannot_unmount_what_hides_the_home_and_temp_folders_or_remount_them_writable(
+        tmp_path, fork):
+    """The command is root in the sandbox's user namespace: had that namespace owned its mounts, it could
+    unmount the file systems that hide the home and temp folders (the deciding process's files, other
+    workers' folders, the user's credentials) and remount / read-write."""
+    import tempfile
+
+    marker = tmp_path / "marker.txt"  # in the hidden temp folder, outside the command's scratch folder
+    marker.write_text("hidden")
+    outside = ROOT / f".escape-probe-{os.getpid()}"  # bound back read-only (the project's own code)
+    hidden = [os.path.expanduser("~"), tempfile.gettempdir()]
+    try:
+        p, scratch, _ = _start(tmp_path, "escape", str(marker), str(outside), *hidden, fork=fork)
+        assert isinstance(p, forked.Forked) == fork
+        got = _report(p, scratch)
+        assert not outside.exists()
+    finally:
+        outside.unlink(missing_ok=True)
+    assert got == {**{"umount " + h: False for h in hidden}, "sees marker": False, "remount /": False,
+                   "remount " + str(ROOT): False, "wrote": False}, got
+
+
+def _beating(scratch: Path, for_s: float = 1.0) -> bool:
+    beat = scratch / "beat"
+    first = beat.read_text()
+    time.sleep(for_s)
+    return beat.read_text() != first
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "new-interpreter"])
+def test_a_command_that_leaves_its_process_group_still_dies_when_it_is_killed(tmp_path, fork):
+    """Candidate code can setsid() and clear its PR_SET_PDEATHSIG: killing the group alone then killed the
+    keeper (or the stage) and left the worker running, unwatched, beside the next measurements."""
+    p, scratch, _ = _start(tmp_path, "detach", fork=fork)
+    assert isinstance(p, forked.Forked) == fork
+    deadline = time.monotonic() + 120
+    while not (scratch / "beat").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _beating(scratch)
+    sandbox.kill(p.pid)  # what Worker.kill and Worker.close do
+    p.wait(timeout=30)
+    time.sleep(0.5)
+    assert not _beating(scratch)
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "new-interpreter"])
+def test_a_command_that_leaves_its_process_group_does_not_outlive_the_process_that_started_it(tmp_path, fork):
+    parent = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from pathlib import Path
+        from tilesmith import sandbox
+        scratch = Path({str(tmp_path)!r}) / "w"; scratch.mkdir()
+        env = {{**sandbox.scrubbed_env(scratch), "PYTHONPATH": {str(ROOT)!r}}}
+        p = sandbox.popen([sys.executable, "-m", "tests.fakes.probe", "detach"], sandbox.Spec(scratch=str(scratch)),
+                          env, fork={fork}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(type(p).__name__, flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    assert proc.stdout.readline().strip() == ("Forked" if fork else "Popen")
+    scratch = tmp_path / "w"
+    deadline = time.monotonic() + 120
+    while not (scratch / "beat").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _beating(scratch)
+    proc.kill()
+    proc.wait()
+    time.sleep(1.0)
+    assert not _beating(scratch)

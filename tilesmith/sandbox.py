@@ -289,13 +289,33 @@ def run_json(argv: list[str], spec: Spec, timeout_s: float, env_extra: dict | No
     return Result(p.returncode, reply, redact(tail), lvl)
 
 
-def _kill_group(p: subprocess.Popen) -> None:
+def kill(pid: int) -> None:
+    """SIGKILL everything a command started with popen() runs: the first process of its sandbox (the
+    child of `pid`, the stage or the keeper; the kernel then kills every process in its PID namespace),
+    then `pid`'s process group. The group alone is not enough: the command can leave it (setsid) and
+    clear its PR_SET_PDEATHSIG, and then outlives the stage and the keeper killed with the group."""
     import signal
 
+    kids = []
     try:
-        os.killpg(p.pid, signal.SIGKILL)
+        for t in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                kids += [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        pass
+    for k in kids:  # still children of the live `pid`: not reaped, so not reused
+        try:
+            os.kill(k, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    kill(p.pid)
     try:
         p.communicate(timeout=10)
     except (subprocess.TimeoutExpired, ValueError):

@@ -18,6 +18,7 @@ MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
 _OPT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
               "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 _SKIP = ("/proc", "/sys", "/dev")  # kernel file systems: /dev keeps the GPU's device nodes usable
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -76,6 +77,22 @@ def _setup(spec, cwd):
     private_tmp = [h for h in spec["hidden"] if h in (spec.get("private_tmp") or [])]
     _read_only(set(rw), private_tmp)
     os.chdir(cwd)  # through the new mounts: the old working directory handle sits on a read-only mount
+    _lock()
+
+
+def _lock():
+    """Seal the view built above: this process is root in the sandbox's user namespace, which owns the
+    mount namespace, so the command it runs could unmount the file systems that hide the home and temp
+    folders, or remount / read-write, and reach everything they hide. In a user namespace nested in it,
+    with a mount namespace of its own, every mount is copied locked (MNT_LOCKED): none can be unmounted
+    or moved, and none made writable again."""
+    uid, gid = os.geteuid(), os.getegid()
+    if _libc.unshare(ctypes.c_int(CLONE_NEWUSER | CLONE_NEWNS)) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"unshare: {os.strerror(e)}")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
 
 
 def _read_only(rw, private_tmp):
@@ -103,16 +120,31 @@ def main(argv):
     spec = json.loads(argv[1])
     cmd = argv[argv.index("--") + 1:]
     cwd = os.getcwd()
-    _die_with_parent()
+    # When the process that started it goes, this process kills its child (and so the whole PID namespace)
+    # before it ends: the child's own PR_SET_PDEATHSIG is no guarantee, the command can clear it.
+    child = []
+
+    def _gone(*_):
+        for c in child:
+            os.kill(c, signal.SIGKILL)
+        os._exit(128 + signal.SIGKILL)
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    signal.signal(signal.SIGTERM, _gone)
+    _libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
     pid = os.fork()
     if pid == 0:
         try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             _die_with_parent()
             _setup(spec, cwd)
             os.execvp(cmd[0], cmd)
         except BaseException as e:
             sys.stderr.write(f"tilesmith sandbox: {e}\n")
             os._exit(97)
+    child.append(pid)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a SIGTERM sent meanwhile is handled now
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         sys.exit(128 + os.WTERMSIG(status))

@@ -38,6 +38,36 @@ def main(argv):
         g.replay()
         print(json.dumps({"sum": float(y.sum()), "device": torch.cuda.get_device_name()}), flush=True)
         return
+    if action == "detach":  # leaves the process group and clears PR_SET_PDEATHSIG, then beats until killed
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, 0)
+        os.setsid()
+        print(json.dumps({"pid": os.getpid()}), flush=True)
+        for _ in range(1200):
+            with open("beat", "w") as f:
+                f.write(str(time.monotonic_ns()))
+            time.sleep(0.05)
+        return
+    if action == "escape":  # escape MARKER OUTSIDE HIDDEN...: root in its user namespace, undo the sandbox's view
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        marker, outside, hidden = argv[1], argv[2], argv[3:]
+        got = {}
+        for path in hidden:  # unmount what hides them
+            got["umount " + path] = libc.umount2(path.encode(), 2) == 0  # MNT_DETACH
+        got["sees marker"] = os.path.exists(marker)  # a file the parent made in a hidden folder
+        for path in ("/", os.path.dirname(outside)):  # MS_REMOUNT | MS_BIND: read-write again
+            got["remount " + path] = libc.mount(None, path.encode(), None, ctypes.c_ulong(32 | 4096), None) == 0
+        try:
+            with open(outside, "w") as f:
+                f.write("escaped")
+            got["wrote"] = True
+        except OSError:
+            got["wrote"] = False
+        print(json.dumps(got), flush=True)
+        return
     if action == "sleep":
         print(json.dumps({"pid": os.getpid()}), flush=True)
         time.sleep(600)

@@ -139,10 +139,7 @@ class Worker:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            sandbox.kill(self.proc.pid)  # the sandbox's first process too: the group alone can be left
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -156,10 +153,7 @@ class Worker:
             return
         self._closed = True
         self.kill()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers the candidate may have forked
-        except (ProcessLookupError, PermissionError):
-            pass
+        sandbox.kill(self.proc.pid)  # leftovers the candidate may have forked
         for f in (self.proc.stdin, self._log):
             try:
                 f.close()

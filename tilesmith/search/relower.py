@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -165,10 +164,7 @@ def _start(graph_dir, v: Variant, base: Path) -> subprocess.Popen:
 
 def _finish(v: Variant, p: subprocess.Popen, base: Path, timeout_s: float) -> Lowered:
     if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)  # the whole sandbox: its stage and the worker under it
-        except ProcessLookupError:
-            pass
+        sandbox.kill(p.pid)  # the whole sandbox: its stage and the worker under it
         p.wait()
         return Lowered(v, None, f"compile stopped after {timeout_s:.0f} s or at the time limit")
     lines = [ln for ln in (base / "out.txt").read_text().splitlines() if ln.startswith("{")]

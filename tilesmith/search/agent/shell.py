@@ -8,7 +8,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -82,17 +81,11 @@ class GroupKillShellBackend(LocalShellBackend):
             raw, _ = proc.communicate(timeout=limit_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            sandbox.kill(proc.pid)
             raw, _ = proc.communicate()
         else:
             # The command finished; anything it left running in the background goes too.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            sandbox.kill(proc.pid)
         out = sandbox.redact((raw or b"").decode("utf-8", "replace"))  # defence in depth: no known secret leaves
         cap = self._max_output_bytes
         truncated = len(out.encode()) > cap
