@@ -225,6 +225,7 @@ def _link(path: str) -> str:
     except OSError:
         return ""
 
+
 @pytest.mark.skipif(not NAMESPACES, reason="needs user namespaces")
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "new-interpreter"])
 def test_the_sandboxed_command_cannot_unmount_what_hides_the_home_and_temp_folders_or_remount_them_writable(
@@ -296,3 +297,18 @@ def test_a_command_that_leaves_its_process_group_does_not_outlive_the_process_th
     proc.wait()
     time.sleep(1.0)
     assert not _beating(scratch)
+
+
+@pytest.mark.skipif(not NAMESPACES, reason="needs user namespaces")
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "new-interpreter"])
+def test_kernel_controls_are_read_only_in_the_sandbox_even_for_the_real_root(tmp_path, fork):
+    """Run by the real root, the sandbox's root is uid 0 outside: file permissions alone would let the
+    command open /proc/sysrq-trigger for writing. The probe opens each for writing and closes it at
+    once; nothing is ever written."""
+    p, scratch, _ = _start(tmp_path, "kernel_controls", fork=fork)
+    got = _report(p, scratch)
+    assert got.pop("sys_read_only") is True
+    refused = {"EROFS", "EACCES", "EPERM", "ENOENT"}
+    assert all(v in refused for v in got.values()), got
+    if os.geteuid() == 0:  # where file permissions would have allowed it, the read-only mount refuses
+        assert set(got.values()) <= {"EROFS", "ENOENT"} and "EROFS" in got.values(), got

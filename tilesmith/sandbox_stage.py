@@ -51,6 +51,7 @@ def _overlay(cache, i, scratch):
 def _setup(spec, cwd):
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this namespace's processes only
+    _kernel_controls_read_only()
     scratch = spec["scratch"]
     keep = []  # (path, fd, writable): opened before anything is hidden, bound back afterwards
     for p in spec["readable"]:
@@ -93,6 +94,29 @@ def _lock():
     for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
+
+
+# Kernel controls a fresh /proc and /sys expose. The sandbox's root is the caller's uid outside: run by
+# the real root (containers, many GPU hosts), file permissions alone would let the command write
+# /proc/sysrq-trigger (reboot the host) and the like. Read-only, as container runtimes make them.
+_PROC_READ_ONLY = ("/proc/sysrq-trigger", "/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs")
+
+
+def _kernel_controls_read_only():
+    for p in _PROC_READ_ONLY:
+        if os.path.exists(p):
+            _mount(p, p, None, MS_BIND | MS_REC)
+            _mount(None, p, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    try:  # /sys itself (its own mounts below it, cgroups and the like, keep their flags)
+        with open("/proc/self/mountinfo") as f:
+            row = next((line.split() for line in f if line.split()[4] == "/sys"), None)
+        if row is not None:
+            flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+            for opt in row[5].split(","):
+                flags |= _OPT_FLAGS.get(opt, 0) & ~MS_RDONLY
+            _mount(None, "/sys", None, flags)
+    except OSError:
+        pass  # a /sys this namespace may not remount: its files stay as the caller's uid may use them
 
 
 def _read_only(rw, private_tmp):

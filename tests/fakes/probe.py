@@ -1,5 +1,6 @@
 """`python -m tests.fakes.probe ACTION...`: what a started worker sees, as one JSON line (tests/test_forked.py)."""
 
+import errno
 import json
 import os
 import random
@@ -67,6 +68,17 @@ def main(argv):
         except OSError:
             got["wrote"] = False
         print(json.dumps(got), flush=True)
+        return
+    if action == "kernel_controls":  # opened for writing and closed at once: nothing is ever written
+        out = {}
+        for path in ("/proc/sysrq-trigger", "/proc/sys/kernel/core_pattern", "/sys/kernel/uevent_helper"):
+            try:
+                os.close(os.open(path, os.O_WRONLY))
+                out[path] = "opened"
+            except OSError as e:
+                out[path] = errno.errorcode.get(e.errno, str(e.errno))
+        out["sys_read_only"] = bool(os.statvfs("/sys").f_flag & os.ST_RDONLY)
+        print(json.dumps(out), flush=True)
         return
     if action == "sleep":
         print(json.dumps({"pid": os.getpid()}), flush=True)
