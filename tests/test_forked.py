@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 NAMESPACES = sandbox.level() == "namespaces"
 
 
-def _start(tmp: Path, *args: str, fork: bool = True, **env_extra):
+def _start(tmp: Path, *args: str, fork: bool = True, devices: str = "all", **env_extra):
     scratch = tmp / f"w{len(list(tmp.iterdir()))}"
     scratch.mkdir()
     env = {**sandbox.scrubbed_env(scratch), "PYTHONPATH": str(ROOT), **env_extra}
     log = open(scratch / "out.txt", "wb")
-    p = sandbox.popen([sys.executable, "-m", "tests.fakes.probe", *args], sandbox.Spec(scratch=str(scratch)), env,
+    p = sandbox.popen([sys.executable, "-m", "tests.fakes.probe", *args], sandbox.Spec(scratch=str(scratch), devices=devices), env,
                       fork=fork, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     return p, scratch, env
@@ -301,13 +301,14 @@ def test_a_command_that_leaves_its_process_group_does_not_outlive_the_process_th
 
 @pytest.mark.skipif(not NAMESPACES, reason="needs user namespaces")
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "new-interpreter"])
-def test_kernel_controls_are_read_only_in_the_sandbox_even_for_the_real_root(tmp_path, fork):
+def test_kernel_controls_are_read_only_and_block_devices_absent_even_for_the_real_root(tmp_path, fork):
     """Run by the real root, the sandbox's root is uid 0 outside: file permissions alone would let the
-    command open /proc/sysrq-trigger for writing. The probe opens each for writing and closes it at
-    once; nothing is ever written."""
-    p, scratch, _ = _start(tmp_path, "kernel_controls", fork=fork)
+    command open /proc/sys/kernel/core_pattern or a loop device for writing. The probe opens each for
+    writing and closes it at once; nothing is ever written."""
+    p, scratch, _ = _start(tmp_path, "kernel_controls", fork=fork, devices="basic")  # what a CPU worker gets
     got = _report(p, scratch)
     assert got.pop("sys_read_only") is True
+    assert got.pop("block_devices") == [] and got.pop("urandom") == 16  # its own /dev: no loop, zram or disk
     refused = {"EROFS", "EACCES", "EPERM", "ENOENT"}
     assert all(v in refused for v in got.values()), got
     if os.geteuid() == 0:  # where file permissions would have allowed it, the read-only mount refuses

@@ -58,12 +58,10 @@ def wanted(device: str) -> bool:
 
 def wanted_for(graph_dirs) -> bool:
     """wanted() for a worker that runs these captured graphs (their graph.json says the device)."""
-    from tilesmith.workspace import load_graph_json
+    from tilesmith.sandbox import graph_devices
 
-    try:
-        return all(wanted(str(load_graph_json(g).get("device") or "cpu")) for g in graph_dirs)
-    except Exception:  # noqa: BLE001 - an unreadable graph: started the usual way, which reports the problem
-        return False
+    devices = graph_devices(graph_dirs)
+    return "unknown" not in devices and all(wanted(d) for d in devices)  # unreadable: started the usual way
 
 
 class Forked:

@@ -91,7 +91,9 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
         (Path(tmp) / "jobs.json").write_text(json.dumps(listing))
         cmd = [sys.executable, "-m", "tilesmith.profile_worker", "--batch", str(Path(tmp) / "jobs.json"), str(calls)]
         calm_spares()  # no gate worker may still be starting while this one measures
-        res = sandbox.run_json(cmd, sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs]), timeout_s,
+        spec = sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs],
+                            devices=sandbox.devices_for(*sandbox.graph_devices(gdirs)))
+        res = sandbox.run_json(cmd, spec, timeout_s,
                                fork=forked.wanted_for(gdirs))
     names = ", ".join(g.name[:12] for g in gdirs)
     if res.returncode is None:

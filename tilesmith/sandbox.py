@@ -131,6 +131,9 @@ class Spec:
     hidden: list[str] = field(default_factory=list)  # beyond home, TILESMITH_HOME and the temp folder
     caches: list[str] = field(default_factory=list)  # shared caches given a private writable layer
     private_tmp: list[str] = field(default_factory=list)  # hidden, yet writable: private, empty, discarded
+    # "all": the machine's /dev (GPU device nodes); "basic": a /dev of its own with null, zero, full,
+    # random, urandom and tty only, for commands that need no device (CPU workers): no block devices.
+    devices: str = "all"
 
 
 _LEVEL: dict = {}
@@ -196,6 +199,24 @@ def wrap(argv: list[str], spec: Spec, force: bool = False) -> list[str]:
             "--", *argv]
 
 
+def devices_for(*devices: str) -> str:
+    """Spec.devices for a command that runs on these torch devices: "basic" when all are the CPU."""
+    return "basic" if devices and all(str(d).startswith("cpu") for d in devices) else "all"
+
+
+def graph_devices(graph_dirs) -> list[str]:
+    """The torch device of each captured graph (graph.json); "unknown" for one that cannot be read."""
+    from tilesmith.workspace import load_graph_json
+
+    out = []
+    for g in graph_dirs:
+        try:
+            out.append(str(load_graph_json(g).get("device") or "cpu"))
+        except Exception:  # noqa: BLE001 - the worker itself reports the problem
+            out.append("unknown")
+    return out
+
+
 def _full_spec(spec: Spec) -> Spec:
     """spec with what every sandbox adds: the interpreter's paths, the default hidden folders, the caches."""
     base = [os.path.realpath(p) for p in _default_hidden()]
@@ -203,7 +224,7 @@ def _full_spec(spec: Spec) -> Spec:
                 writable=[os.path.realpath(p) for p in spec.writable],
                 hidden=base + [os.path.realpath(p) for p in spec.hidden],
                 caches=[os.path.realpath(p) for p in (spec.caches or _cache_dirs())],
-                private_tmp=[os.path.realpath(p) for p in (tempfile.gettempdir(), "/dev/shm")])
+                private_tmp=[os.path.realpath(p) for p in (tempfile.gettempdir(), "/dev/shm")], devices=spec.devices)
     for c in full.caches:
         os.makedirs(c, exist_ok=True)  # a cache made inside the sandbox would be lost, and a hidden one unwritable
     return full

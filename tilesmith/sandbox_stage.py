@@ -63,6 +63,8 @@ def _setup(spec, cwd):
     for p in spec["writable"] + [scratch]:
         if os.path.isdir(p):
             keep.append((p, os.open(p, os.O_PATH), True))
+    if spec.get("devices") == "basic":
+        _basic_dev()
     for h in sorted(spec["hidden"], key=len):
         if os.path.isdir(h) and not os.path.islink(h):
             _mount("tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=64m")
@@ -100,6 +102,25 @@ def _lock():
 # the real root (containers, many GPU hosts), file permissions alone would let the command write
 # /proc/sysrq-trigger (reboot the host) and the like. Read-only, as container runtimes make them.
 _PROC_READ_ONLY = ("/proc/sysrq-trigger", "/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs")
+
+
+_BASIC_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def _basic_dev():
+    """A /dev of the sandbox's own: the basic character devices bound from the machine's, /dev/shm (made
+    private below), the /dev/fd links. Run by the real root, the machine's /dev would let the command open
+    block devices (loop, zram) for writing."""
+    fds = [(n, os.open("/dev/" + n, os.O_PATH)) for n in _BASIC_DEVICES if os.path.exists("/dev/" + n)]
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=1m")
+    for name, fd in fds:
+        open("/dev/" + name, "a").close()
+        _mount(f"/proc/self/fd/{fd}", "/dev/" + name, None, MS_BIND)
+        os.close(fd)
+    os.makedirs("/dev/shm", exist_ok=True)
+    for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, "/dev/" + link)
 
 
 def _kernel_controls_read_only():

@@ -78,6 +78,13 @@ def main(argv):
             except OSError as e:
                 out[path] = errno.errorcode.get(e.errno, str(e.errno))
         out["sys_read_only"] = bool(os.statvfs("/sys").f_flag & os.ST_RDONLY)
+        import stat
+
+        out["block_devices"] = sorted(n for n in os.listdir("/dev") if stat.S_ISBLK(os.stat("/dev/" + n).st_mode))
+        with open("/dev/null", "wb") as f:
+            f.write(b"x")
+        with open("/dev/urandom", "rb") as f:
+            out["urandom"] = len(f.read(16))
         print(json.dumps(out), flush=True)
         return
     if action == "sleep":

@@ -69,7 +69,7 @@ class Worker:
         self._log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", str(w)]
         env = openmp_wait({**worker_env(self.dir), "TILESMITH_GATE_DEVICE": device})
-        spec = sandbox.Spec(scratch=str(self.dir), readable=[str(p) for p in readable])
+        spec = sandbox.Spec(scratch=str(self.dir), readable=[str(p) for p in readable], devices=sandbox.devices_for(device))
         self.proc = sandbox.popen(cmd, spec, env, fork=forked.wanted(device), stdin=subprocess.PIPE, stdout=self._log,
                                   stderr=subprocess.STDOUT, pass_fds=(w,))
         os.close(w)
