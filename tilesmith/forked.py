@@ -76,14 +76,13 @@ class Forked:
         self._status = status_fd  # open until this object goes: threads may poll and wait at once
         self._status_lock = threading.Lock()
         self._pipes = {"out": stdout_fd, "err": stderr_fd}  # our read ends of stdout=PIPE / stderr=PIPE
+        self._got = {"out": b"", "err": b""}  # what communicate() read so far
         self._text = text
         self.args = ["<forked>"]
 
     def communicate(self, timeout: float | None = None):
         """subprocess.Popen.communicate for stdout/stderr pipes (no input): reads both to the end, then waits;
         raises subprocess.TimeoutExpired, and may be called again after it (what was read is kept)."""
-        if not hasattr(self, "_got"):
-            self._got = {"out": b"", "err": b""}
         deadline = None if timeout is None else time.monotonic() + timeout
         while any(fd is not None for fd in self._pipes.values()):
             live = {fd: k for k, fd in self._pipes.items() if fd is not None}
@@ -222,8 +221,7 @@ def _key(env: dict) -> str:
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
 
-def _zygote(env: dict) -> "_Zygote | None":
-    key = _key(env)
+def _zygote(env: dict, key: str) -> "_Zygote | None":
     with _lock:
         if key in _failed:
             return None
@@ -270,6 +268,17 @@ def _stdio(value, default: int | None) -> tuple[int | None, bool]:
     return None, False
 
 
+def _output(value, default: int, name: str, reads: dict, opened: list) -> int:
+    """The worker's end of its stdout or stderr: a new pipe (our read end in reads[name]) or _stdio's."""
+    if value == subprocess.PIPE:
+        reads[name], fd = os.pipe()
+        opened.append(fd)
+        return fd
+    fd, ours = _stdio(value, default)
+    opened += [fd] if ours else []
+    return fd
+
+
 def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, stderr=None,
           pass_fds: tuple = (), text: bool = False, **rest) -> "Forked | None":
     """argv forked from the zygote into `spec`'s sandbox, or None where it cannot be (the caller then starts
@@ -279,7 +288,8 @@ def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, s
         return None
     from tilesmith import sandbox
 
-    z = _zygote(env)
+    key = _key(env)
+    z = _zygote(env, key)
     if z is None:
         return None
     opened: list[int] = []
@@ -293,21 +303,9 @@ def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, s
             if fd_in is None:
                 fd_in, ours = os.open(os.devnull, os.O_RDONLY), True
             opened += [fd_in] if ours else []
-        reads = {}
-        if stdout == subprocess.PIPE:
-            reads["out"], fd_out = os.pipe()
-            opened.append(fd_out)
-        else:
-            fd_out, ours = _stdio(stdout, 1)
-            opened += [fd_out] if ours else []
-        if stderr == subprocess.STDOUT:
-            fd_err = fd_out
-        elif stderr == subprocess.PIPE:
-            reads["err"], fd_err = os.pipe()
-            opened.append(fd_err)
-        else:
-            fd_err, ours = _stdio(stderr, 2)
-            opened += [fd_err] if ours else []
+        reads: dict = {}  # "out"/"err" -> our read end, for stdout=PIPE / stderr=PIPE
+        fd_out = _output(stdout, 1, "out", reads, opened)
+        fd_err = fd_out if stderr == subprocess.STDOUT else _output(stderr, 2, "err", reads, opened)
         status_r, status_w = os.pipe()
         opened.append(status_w)
         full = sandbox._full_spec(spec).__dict__ if sandbox.level() == "namespaces" else None
@@ -320,8 +318,8 @@ def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, s
                 if fd is not None:
                     os.close(fd)
             with _lock:
-                _failed[_key(env)] = str(e)
-                gone = _zygotes.pop(_key(env), None)
+                _failed[key] = str(e)
+                gone = _zygotes.pop(key, None)
             if gone is not None:
                 gone.close()
             return None

@@ -18,7 +18,7 @@ MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
 _OPT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
               "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
-CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 _SKIP = ("/proc", "/sys", "/dev")  # kernel file systems: /dev keeps the GPU's device nodes usable
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -89,19 +89,19 @@ def _lock():
     folders, or remount / read-write, and reach everything they hide. In a user namespace nested in it,
     with a mount namespace of its own, every mount is copied locked (MNT_LOCKED): none can be unmounted
     or moved, and none made writable again."""
+    enter_user_namespace(CLONE_NEWNS)
+
+
+def enter_user_namespace(flags: int) -> None:
+    """unshare(CLONE_NEWUSER | flags) and map root in it to this process's uid and gid: what `unshare
+    --user --map-root-user` does to its own process (also the zygote's keeper, tilesmith/zygote.py)."""
     uid, gid = os.geteuid(), os.getegid()
-    if _libc.unshare(ctypes.c_int(CLONE_NEWUSER | CLONE_NEWNS)) != 0:
+    if _libc.unshare(ctypes.c_int(CLONE_NEWUSER | flags)) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"unshare: {os.strerror(e)}")
     for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
-
-
-# Kernel controls a fresh /proc and /sys expose. The sandbox's root is the caller's uid outside: run by
-# the real root (containers, many GPU hosts), file permissions alone would let the command write
-# /proc/sysrq-trigger (reboot the host) and the like. Read-only, as container runtimes make them.
-_PROC_READ_ONLY = ("/proc/sysrq-trigger", "/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs")
 
 
 _BASIC_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -123,6 +123,12 @@ def _basic_dev():
         os.symlink(target, "/dev/" + link)
 
 
+# Kernel controls a fresh /proc and /sys expose. The sandbox's root is the caller's uid outside: run by
+# the real root (containers, many GPU hosts), file permissions alone would let the command write
+# /proc/sysrq-trigger (reboot the host) and the like. Read-only, as container runtimes make them.
+_PROC_READ_ONLY = ("/proc/sysrq-trigger", "/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs")
+
+
 def _kernel_controls_read_only():
     for p in _PROC_READ_ONLY:
         if os.path.exists(p):
@@ -132,12 +138,17 @@ def _kernel_controls_read_only():
         with open("/proc/self/mountinfo") as f:
             row = next((line.split() for line in f if line.split()[4] == "/sys"), None)
         if row is not None:
-            flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-            for opt in row[5].split(","):
-                flags |= _OPT_FLAGS.get(opt, 0) & ~MS_RDONLY
-            _mount(None, "/sys", None, flags)
+            _remount_read_only("/sys", row[5])
     except OSError:
         pass  # a /sys this namespace may not remount: its files stay as the caller's uid may use them
+
+
+def _remount_read_only(mp, opts):
+    """Remount mount point `mp` read-only, keeping the flags its mountinfo options say it has."""
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+    for opt in opts.split(","):
+        flags |= _OPT_FLAGS.get(opt, 0) & ~MS_RDONLY
+    _mount(None, mp, None, flags)
 
 
 def _read_only(rw, private_tmp):
@@ -150,11 +161,8 @@ def _read_only(rw, private_tmp):
             seen.add(mp)
             continue
         seen.add(mp)
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        for opt in row[5].split(","):
-            flags |= _OPT_FLAGS.get(opt, 0) & ~MS_RDONLY
         try:
-            _mount(None, mp, None, flags)
+            _remount_read_only(mp, row[5])
         except OSError as e:
             if os.path.exists(mp):  # a mount we cannot make read-only: refuse to run the command
                 raise

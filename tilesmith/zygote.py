@@ -29,7 +29,6 @@ import socket
 import struct
 import sys
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 # What every worker imports first (torch, Inductor's loading and wrapper-header modules, the gate
@@ -51,13 +50,6 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception:  # absent in this torch version: the worker that needs it says so itself
             pass
-    if os.environ.get("TILESMITH_ZYGOTE_VEC_ISA") == "1":  # CPU workers: Inductor's ISA probe, cached
-        try:
-            from torch._inductor import cpu_vec_isa
-
-            cpu_vec_isa.pick_vec_isa()
-        except Exception:
-            pass
 
 
 def cuda_driver_loaded() -> bool:
@@ -71,24 +63,11 @@ def cuda_driver_loaded() -> bool:
         return False
 
 
-def _unshare(flags: int) -> None:
-    if _libc.unshare(ctypes.c_int(flags)) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"unshare: {os.strerror(e)}")
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def _enter_namespaces() -> None:
     """What `unshare --user --map-root-user --mount --pid --net` does to its own process."""
-    uid, gid = os.geteuid(), os.getegid()
-    _unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID)
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"0 {uid} 1")
-    _write("/proc/self/gid_map", f"0 {gid} 1")
+    from tilesmith import sandbox_stage as st
+
+    st.enter_user_namespace(st.CLONE_NEWNS | st.CLONE_NEWNET | st.CLONE_NEWPID)
 
 
 def _place_fds(fds: list[int], targets: list[int]) -> None:
