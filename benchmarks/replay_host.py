@@ -9,6 +9,7 @@ back to back, one synchronisation at the end, wall / N. Paths:
   lean, outputs dropped     tilesmith.cudagraph: the weights read in place (one address check),
                             the moving input copied in, the output handed out without a copy
   lean, nothing moves       the same with the same input tensor every call: only the address check
+                            (every argument read in place: one map of data_ptr over the list)
   lean, output kept         the same while the caller keeps each output for one call (copied out)
   copy everything           what the replay did before: every input copied in (one _foreach_copy_
                             per dtype), replay, every output copied out
@@ -117,6 +118,7 @@ def pieces(fn, ws, xs, torch) -> dict:
     ptrs = [None] + [w.data_ptr() for w in ws]
     st = ws[0].untyped_storage()
     dp, want = torch.Tensor.data_ptr, [ptrs[i] for i in idx]
+    every = [x.data_ptr() for x in args]
     dst = xs[1].clone()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -124,6 +126,7 @@ def pieces(fn, ws, xs, torch) -> dict:
     calls = {
         f"address check, {len(idx)} inputs (C++)": lambda: cg._ptrs_equal(args, ptrs, idx),
         f"address check, {len(idx)} inputs (Python data_ptr)": lambda: [dp(args[i]) for i in idx] == want,
+        f"address check, all {len(args)} (map data_ptr)": lambda: list(map(dp, args)) == every,
         "storage use count (one output)": lambda: cg._use_count(st._cdata),
         "current raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
         "capturing check": lambda: torch._C._cuda_isCurrentStreamCapturing(),

@@ -16,7 +16,7 @@ from them and its own size checks ran at the capture):
 * The first call is the plain call: it is the warm-up (autotuning, library handles, workspaces).
 * The second call captures one run into a CUDA graph. Every tensor input is read in place (weights,
   buffers, activations that sit at the same address each step): the graph holds their addresses, and
-  each later call checks those addresses in one C++ call. Inputs that moved since the capture are
+  each later call checks those addresses (one pass in C over the arguments). Inputs that moved since the capture are
   re-recorded in place once; an input that moves again is copied instead, into a buffer of the
   graph's own, in one `_foreach_copy_` launch per dtype. In-place updates of weights stay visible,
   since the graph reads the caller's tensors.
@@ -33,6 +33,8 @@ from them and its own size checks ran at the capture):
   caller's inputs.
 * Each call runs on the caller's current stream; a call on another stream than the last one first
   waits for the last one's work.
+* Captures keep the caching allocator's free blocks (torch.cuda.graph empties its cache first, which
+  moves the caller's next allocations, a training step's saved activations among them).
 
 It makes the plain call instead (the wrapper's own launches, the same results) whenever a graph is not
 safe or not possible, and remembers that per layout: tensors not all on one CUDA device, a capture that
@@ -61,6 +63,9 @@ _PLAIN = object()  # a layout's answer: make the plain call this time
 
 _ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)  # CUDA builds only
 _use_count = torch._C._storage_Use_Count
+_data_ptr = torch.Tensor.data_ptr
+_detach = torch.Tensor.detach
+_capture_streams: dict = {}  # device index -> the side stream captures run on (one per process, as torch's)
 
 
 class Graphed:
@@ -175,7 +180,7 @@ class _Layout:
                             f"{sum(i in self.hint for i in missed)} marked static)")
             return self._record(real)
         for rec in self.recs:  # an instance whose outputs the caller no longer holds
-            if not rec.busy_outputs():
+            if rec.free():
                 break
         else:
             if len(self.recs) < ROTATE:
@@ -186,9 +191,14 @@ class _Layout:
             self.copy_out |= set().union(*(r.busy_outputs() for r in self.recs))
             self.why.append(f"outputs held by every instance: {_positions(sorted(self.copy_out))} copied out")
             return self._record(real)
-        self._join_stream()
-        rec.copy_in(real)
+        if torch._C._cuda_getCurrentRawStream(self.dev_idx) != self.raw_stream:
+            self._join_stream()
+        if rec.copied_idx:
+            rec.copy_in(real)
         rec.graph.replay()
+        if rec.handed_only is not None:  # every output the graph's own memory, handed out: no plan to walk
+            outs = list(map(_detach, rec.handed_only))
+            return rec.kind(outs) if rec.kind else outs[0]
         return rec.outputs(real)
 
     def _rotate(self, real: list):
@@ -275,6 +285,7 @@ class _Record:
             if _overlapping(x):
                 raise _NotGraphable("an input with overlapping memory (a zero stride) moves between calls")
         self.ptrs = [real[i].data_ptr() if i in self.static_idx else None for i in range(len(real))]
+        self.all_ptrs = self.ptrs if len(self.static_idx) == len(real) else None
         self.own = {i: torch.empty_strided(real[i].shape, real[i].stride(), dtype=real[i].dtype, device=real[i].device)
                     for i in self.copied_idx}
         by_dtype: dict = {}
@@ -286,8 +297,7 @@ class _Record:
         static = [self.own.get(i, x) for i, x in enumerate(real)]
         reserved0 = torch.cuda.memory_reserved(lay.device)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
-            out = lay.owner.fn(list(static))
+        out = _capture(self.graph, pool, lambda: lay.owner.fn(list(static)), lay.dev_idx)
         grew = torch.cuda.memory_reserved(lay.device) - reserved0
         if grew > MAX_GRAPH_BYTES:
             raise _NotGraphable(f"the graph would keep {grew >> 20} MiB of device memory reserved")
@@ -333,12 +343,24 @@ class _Record:
                 self.handed.append([st, set(ks), 0])
         for h in self.handed:
             h[2] = _use_count(h[0]._cdata)  # our own references: more means the caller holds one
+        self.counts = [(h[0]._cdata, h[2]) for h in self.handed]  # the storages stay alive in self.handed
         self.device = lay.device
+        simple = not self.copied and all(p[0] == "pool" for p in self.plan)
+        self.handed_only = [p[1] for p in self.plan] if simple else None
 
     def ptrs_ok(self, real: list) -> bool:
+        if self.all_ptrs is not None:  # every argument a tensor read in place: one pass in C over the list
+            return list(map(_data_ptr, real)) == self.all_ptrs
         if _ptrs_equal is not None:
             return _ptrs_equal(real, self.ptrs, self.static_idx)
         return all(real[i].data_ptr() == self.ptrs[i] for i in self.static_idx)
+
+    def free(self) -> bool:
+        """Whether the caller holds none of the outputs handed out (the hot path's form of busy_outputs)."""
+        for cdata, base in self.counts:
+            if _use_count(cdata) > base:
+                return False
+        return True
 
     def busy_outputs(self) -> set:
         busy = set()
@@ -384,6 +406,31 @@ class _Record:
             else:
                 outs.append(p[1])
         return self.kind(outs) if self.kind else outs[0]
+
+
+def _capture(graph, pool, run, dev_idx: int):
+    """`run()` captured into `graph` on a side stream, as `torch.cuda.graph` does, except that the caching
+    allocator's free blocks are kept (torch.cuda.graph empties the cache first). Emptying it moves where
+    the caller's next allocations land: in a training step the saved activations a backward graph reads in
+    place then sit elsewhere on the next step, which is a re-record, and another cache emptied."""
+    stream = _capture_streams.get(dev_idx)
+    if stream is None:
+        stream = _capture_streams[dev_idx] = torch.cuda.Stream(dev_idx)
+    torch.cuda.synchronize(dev_idx)
+    stream.wait_stream(torch.cuda.current_stream(dev_idx))
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool, capture_error_mode="thread_local")
+        try:
+            out = run()
+        except BaseException:
+            try:
+                graph.capture_end()
+            except Exception:  # noqa: BLE001 - the run's own error is the one to report
+                pass
+            raise
+        graph.capture_end()
+    torch.cuda.current_stream(dev_idx).wait_stream(stream)
+    return out
 
 
 def _layout(real: list):

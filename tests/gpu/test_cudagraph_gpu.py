@@ -145,6 +145,42 @@ def test_gpu_graphed_inputs_that_move_are_recorded_again_then_copied(launch_grap
     assert again.startswith("inputs moved: [") and "(0 again" not in again, lay
 
 
+def test_gpu_graphed_capture_keeps_the_allocators_cached_blocks(launch_graph):
+    """torch.cuda.graph empties the caching allocator before it captures; the replay captures without
+    that, so a capture does not move where the caller's next allocations land."""
+    from tilesmith import loading
+
+    data, plain, wrapped = _modules(launch_graph)
+    args = loading.clone_args(data.inputs)
+    wrapped.call(list(args))  # the plain warm-up
+    spare = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    del spare  # a free 64 MiB segment in the cache
+    reserved = torch.cuda.memory_reserved()
+    wrapped.call(list(args))  # the capture
+    (lay,) = wrapped.call.describe()
+    assert lay["captures"] == 1, lay
+    assert torch.cuda.memory_reserved() >= reserved  # nothing of the cache given back
+
+
+def test_gpu_graphed_inputs_made_anew_each_step_stay_in_place(launch_graph):
+    """A training step's backward reads the forward's saved activations: new tensors each step, which the
+    caching allocator puts where the last step's were when the step allocates the same way. After the
+    warm-up and one capture they are read in place: no re-record, no copy."""
+    from tilesmith import loading
+
+    data, plain, wrapped = _modules(launch_graph)
+    base = loading.clone_args(data.inputs)
+    for step in range(10):
+        temps = [torch.empty(n << 20, dtype=torch.uint8, device="cuda") for n in (8, 3, 40)]  # the forward's
+        acts = [x.clone() if isinstance(x, torch.Tensor) else x for x in base]  # the saved activations
+        del temps
+        want = [w.clone() for w in plain.call(list(acts))]
+        _close(wrapped.call(list(acts)), want)
+        del acts, want
+    (lay,) = wrapped.call.describe()
+    assert lay["captures"] == 1 and lay["inputs_copied"] == 0 and wrapped.call.replays == 9, lay
+
+
 def test_gpu_graphed_outputs_that_view_inputs_are_views_of_the_callers_inputs():
     from tilesmith.cudagraph import graphed
 
