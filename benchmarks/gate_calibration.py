@@ -311,8 +311,15 @@ def run_device(device: str, a, budget_s: float, work: Path) -> dict:
     print(f"[{device}] timing rule, A/A (up to {a.timing_trials} trials)", file=sys.stderr)
     ra = rule_trials(graph, graph / "wrapper.py", None, a.timing_trials, kw, a.seed, 0.9 * left())
     res.update(gate_power=gate_summary(gp), gate_aa=gate_summary(ga), rule_aa=ra, rule_power=rp,
-               gate_power_trials=gp, gate_aa_trials=ga, wall_s=time.monotonic() - start)
+               gate_power_trials=gp, gate_aa_trials=ga, wall_s=time.monotonic() - start, workers=_workers())
     return res
+
+
+def _workers() -> dict:
+    """How this process started its workers: forked from a zygote (and how many zygotes), or new interpreters."""
+    from tilesmith import forked
+
+    return {"fork_setting": forked.mode(), "zygotes": len(forked._zygotes), "fork_failed": forked._failed}
 
 
 def table(results: list[dict]) -> str:
@@ -377,6 +384,7 @@ def main() -> None:
     res = {"torch": torch.__version__, "min_improvement": a.min_improvement, "time_budget_s": a.time_budget,
            "budget_s": a.budget_s, "wall_s": time.monotonic() - t0, "devices": results}
     print(table(results))
+    print("workers:", json.dumps([r.get("workers") for r in results]))
     print("rate bound: exact one-sided 95 % (Clopper-Pearson): upper for false accepts, lower for power. "
           "s/trial: a full decision's wall seconds, or one timing-rule trial's; timing s: the part spent "
           "in the timing stage (set-up, quiesce, samples) per decision.")

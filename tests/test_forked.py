@@ -130,6 +130,17 @@ def test_one_zygote_per_environment_torch_reads_at_import(tmp_path):
     assert (one["threads"], two["threads"]) == (1, 2)  # what the zygote's torch read at import
 
 
+def test_the_zygote_reports_the_cuda_driver_state_and_only_an_initialised_driver_stops_forking(tmp_path):
+    from tilesmith import zygote
+
+    # This machine has no CUDA driver: torch's import maps none. (On a GPU machine Triton's import maps
+    # it without initialising it, 'loaded', and workers still fork: tests/gpu/test_forked_gpu.py.)
+    assert zygote.cuda_driver_state() == "absent"
+    p, scratch, _ = _start(tmp_path, "report")
+    assert isinstance(p, forked.Forked), forked._failed
+    _report(p, scratch)
+
+
 def test_fork_workers_off_starts_a_new_interpreter_and_a_bad_value_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setenv("TILESMITH_FORK_WORKERS", "off")
     assert not forked.wanted("cpu")

@@ -166,8 +166,9 @@ class _Zygote:
         reply = self._recv(_START_S)
         if not reply.get("ready"):
             raise OSError(f"the zygote did not start: {reply}")
-        if reply.get("cuda_driver"):  # see zygote.cuda_driver_loaded: its children could not use CUDA
-            raise OSError("the zygote loaded the CUDA driver while importing; workers start as new interpreters")
+        if reply.get("cuda_driver") not in ("absent", "loaded"):  # see zygote.cuda_driver_state
+            raise OSError(f"the zygote's imports initialised the CUDA driver ({reply.get('cuda_driver')}): its "
+                          "children could not use CUDA; workers start as new interpreters")
         self.ready = True
 
     def _recv(self, timeout_s: float) -> dict:

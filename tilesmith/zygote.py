@@ -52,15 +52,30 @@ def _preload() -> None:
             pass
 
 
-def cuda_driver_loaded() -> bool:
-    """Whether the CUDA driver library is mapped into this process: a CUDA call has run (even
-    torch.cuda.is_available() loads it). A process forked after that cannot use CUDA reliably, so the
-    deciding process then forks nothing from this zygote. Importing torch alone does not load it."""
+def _libcuda_mapped() -> bool:
     try:
         with open("/proc/self/maps") as f:
             return any("libcuda.so" in line for line in f)
     except OSError:
         return False
+
+
+def cuda_driver_state() -> str:
+    """'absent': the CUDA driver library is not mapped into this process (importing torch alone does not
+    map it); 'loaded': mapped (Triton's import maps it on a GPU machine) but never initialised, which a
+    forked child can still do itself; 'initialised': cuInit has run (any CUDA call, even
+    torch.cuda.is_available(), runs it), and a process forked after that cannot use CUDA, so the deciding
+    process then forks nothing from this zygote. The probe is cuCtxGetCurrent on the copy already mapped:
+    before cuInit every driver call but a few answers CUDA_ERROR_NOT_INITIALIZED, and none initialises."""
+    if not _libcuda_mapped():
+        return "absent"
+    try:
+        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)  # only the copy already mapped, never another
+        ctx = ctypes.c_void_p()
+        rc = lib.cuCtxGetCurrent(ctypes.byref(ctx))
+    except (OSError, AttributeError):
+        return "initialised"  # cannot tell: the careful answer
+    return "loaded" if rc == 3 else "initialised"  # 3: CUDA_ERROR_NOT_INITIALIZED
 
 
 def _enter_namespaces() -> None:
@@ -234,7 +249,7 @@ def main(sock_fd: int, life_fd: int) -> None:
     _preload()
     _ZYGOTE_PATHS.update(TMPDIR=os.environ.get("TMPDIR", ""), HOME=os.environ.get("HOME", ""), cwd=os.getcwd())
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
-    sock.send(json.dumps({"ready": True, "pid": os.getpid(), "cuda_driver": cuda_driver_loaded()}).encode())
+    sock.send(json.dumps({"ready": True, "pid": os.getpid(), "cuda_driver": cuda_driver_state()}).encode())
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
