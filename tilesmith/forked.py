@@ -167,8 +167,9 @@ class _Zygote:
         if not reply.get("ready"):
             raise OSError(f"the zygote did not start: {reply}")
         if reply.get("cuda_driver") not in ("absent", "loaded"):  # see zygote.cuda_driver_state
-            raise OSError(f"the zygote's imports initialised the CUDA driver ({reply.get('cuda_driver')}): its "
-                          "children could not use CUDA; workers start as new interpreters")
+            raise OSError(f"the zygote's import of {reply.get('cuda_driver_by') or 'its modules'} initialised the "
+                          f"CUDA driver ({reply.get('cuda_driver')}): its children could not use CUDA; workers "
+                          "start as new interpreters")
         self.ready = True
 
     def _recv(self, timeout_s: float) -> dict:
