@@ -253,13 +253,16 @@ def rule_trials(graph: Path, candidate: Path, baseline, n: int, policy_kw: dict,
     return {"trials": len(tr), "accepted": acc, "accept_rate": acc / len(tr) if tr else None,
             "accept_rate_low95": lo, "accept_rate_high95": hi,
             "median_speedup": statistics.median(t.speedup for t in tr) if tr else None,
+            # The two comparisons the binding speedup is the lower of: which one spreads (RESULTS.md, session 10)
+            "median_apart_speedup": statistics.median(t.apart_speedup for t in tr) if tr else None,
+            "median_beside_speedup": statistics.median(t.beside_speedup for t in tr) if tr else None,
             "median_samples": statistics.median(t.samples for t in tr) if tr else None,
             "median_trial_s": statistics.median(t.wall_s for t in tr) if tr else None,
             "median_timed_s": statistics.median(t.timed_s for t in tr) if tr else None,
             "setup_s": cal.setup_s, "mode": cal.mode, "calls_per_sample": cal.calls_per_sample,
             "per_call_ms": cal.per_call_ms,
             "trial_rows": [dict(accepted=t.accepted, speedup=t.speedup, low=t.speedup_low, samples=t.samples,
-                                wall_s=t.wall_s) for t in tr]}
+                                wall_s=t.wall_s, apart=t.apart_speedup, beside=t.beside_speedup) for t in tr]}
 
 
 def gate_summary(rows: list[dict]) -> dict:
@@ -340,6 +343,10 @@ def table(results: list[dict]) -> str:
             lines.append(f"{r['device']:<7} {label:<30} {row['accepted']:>4}/{row['trials']:<5} {rate:>16} "
                          f"{samples if samples is not None else '-':>8} {per or float('nan'):>8.2f} "
                          f"{tim or float('nan'):>9.2f}")
+        ra = r["rule_aa"]
+        if ra.get("median_speedup") is not None:
+            lines.append(f"{r['device']:<7} rule A/A median speedup {ra['median_speedup']:.3f} (the lower of: against the "
+                         f"original apart {ra['median_apart_speedup']:.3f}, beside {ra['median_beside_speedup']:.3f})")
         for label, row in (("A/A", r["gate_aa"]), ("power", r["gate_power"])):
             if row.get("median_wall_after_first_s") is not None:
                 lines.append(f"{r['device']:<7} gate {label}: {row['median_wall_after_first_s']:.2f} s per decision after the "

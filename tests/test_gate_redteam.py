@@ -47,7 +47,9 @@ CHEATS = [
     (redteam.starves_what_runs_after_it, "process-state", "correctness"),
     (redteam.slows_the_library_the_original_calls, "process-state", "load"),
     (redteam.swaps_the_originals_kernels, "process-state", "load"),
-    (redteam.hogs_the_cores_from_a_raw_thread, "process-state", "correctness"),
+    # Its thread starts at import and spins at once: whether the fingerprint taken after the load sees it
+    # running or the one after the first correctness call does is a race; either rejects, for this reason.
+    (redteam.hogs_the_cores_from_a_raw_thread, "process-state", ("load", "correctness")),
     (redteam.hogs_the_cores_from_a_forked_process, "background-work", "timing"),
 ]
 
@@ -67,7 +69,7 @@ def test_gate_rejects_a_cheat_the_screen_missed_for_the_right_reason(inf_graph, 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     v = _judge(inf_graph, maker((inf_graph / "wrapper.py").read_text()), tmp_path)
     assert not v.accepted
-    assert v.codes == [code] and v.stage == stage, v.reasons
+    assert v.codes == [code] and v.stage in ((stage,) if isinstance(stage, str) else stage), v.reasons
 
 
 def test_a_cache_keyed_on_input_values_gains_nothing_because_every_timed_call_sees_new_values(
