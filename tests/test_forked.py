@@ -141,6 +141,33 @@ def test_the_zygote_reports_the_cuda_driver_state_and_only_an_initialised_driver
     _report(p, scratch)
 
 
+def test_the_zygotes_imports_make_no_call_that_initialises_cuda():
+    """What the zygote imports must not run cuInit on a GPU machine (its children could not use CUDA):
+    torch.cuda.is_available() does (cudaGetDeviceCount), device_count() asks NVML. The H200 found two of
+    tilesmith's own modules calling is_available() at import. Checked here by recording the calls."""
+    code = textwrap.dedent("""
+        import importlib, json, torch, torch.cuda as tc
+        seen = []
+        for name in ("is_available", "_lazy_init", "init", "current_device", "get_device_properties",
+                     "get_device_capability", "synchronize", "set_device"):
+            def spy(*a, _o=getattr(tc, name), _n=name, **k):
+                seen.append(_n)
+                return _o(*a, **k)
+            setattr(tc, name, spy)
+        from tilesmith import zygote
+        for m in zygote.PRELOAD:
+            try:
+                importlib.import_module(m)
+            except ImportError:
+                pass
+        print(json.dumps(seen))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == []
+
+
 def test_fork_workers_off_starts_a_new_interpreter_and_a_bad_value_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setenv("TILESMITH_FORK_WORKERS", "off")
     assert not forked.wanted("cpu")

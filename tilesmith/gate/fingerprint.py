@@ -13,7 +13,9 @@ import torch
 if TYPE_CHECKING:
     from tilesmith.gate.worker import State
 
-_CUDA = torch.cuda.is_available()
+# device_count() asks NVML where it can; is_available() runs cuInit, and this module is imported by the
+# zygote that workers fork from: a driver initialised there leaves its children without CUDA.
+_CUDA = torch.cuda.device_count() > 0
 
 
 def process_state() -> dict:

@@ -14,7 +14,9 @@ from tilesmith.gate.worker_tensors import _as_list, _refill, _to_cpu, _to_device
 if TYPE_CHECKING:
     from tilesmith.gate.worker import State
 
-_CUDA = torch.cuda.is_available()
+# device_count() asks NVML where it can; is_available() runs cuInit, and this module is imported by the
+# zygote that workers fork from: a driver initialised there leaves its children without CUDA.
+_CUDA = torch.cuda.device_count() > 0
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
 
 
