@@ -5,7 +5,8 @@
 #      the models (two fit one call; e.g. MODELS=resnet18,gpt2-train for a second call; none: skip), TS_ON the
 #      modes tilesmith starts from, MODES the compile modes timed, MAX_MINUTES the optimize budget.
 #   2. benchmarks/replay_host.py: host time per call of the lean CUDA-graph replay (~20 s)
-#   3. the gate calibration with whatever time is left (A/A, power near 5 %, seconds per decision)
+#   3. the gate calibration with whatever time is left (A/A on the small example, power near 5 % on the same
+#      script at POWER_BATCH, default 32768: a 0.26 ms graph, where a 5 % slower copy can be made; seconds per decision)
 #   4. benchmark.py run (the small fixture), only when BENCH_SMALL=1
 # Logs and JSON land in $OUT. LIMIT is the wall seconds the whole pass may take; CAL_ARGS go to the calibration.
 set -u
@@ -41,7 +42,7 @@ fi
 budget=$(( $(left) - 40 ))
 if [ "$budget" -gt 90 ]; then
     timeout $(( budget + 30 )) python3 benchmarks/gate_calibration.py --device cuda --budget-s "$budget" \
-        --out "$OUT/gate_calibration.json" ${CAL_ARGS:-} > "$OUT/gate_calibration.log" 2>&1
+        --power-batch "${POWER_BATCH:-32768}" --out "$OUT/gate_calibration.json" ${CAL_ARGS:-} > "$OUT/gate_calibration.log" 2>&1
     echo "calibration rc=$? after ${SECONDS} s" >> "$OUT/gate_calibration.log"
     grep -vE "^  (trial|decision)" "$OUT/gate_calibration.log" | tail -n 25
 fi
