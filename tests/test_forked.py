@@ -130,15 +130,39 @@ def test_one_zygote_per_environment_torch_reads_at_import(tmp_path):
     assert (one["threads"], two["threads"]) == (1, 2)  # what the zygote's torch read at import
 
 
-def test_the_zygote_reports_the_cuda_driver_state_and_only_an_initialised_driver_stops_forking(tmp_path):
+def test_the_zygote_reports_the_cuda_driver_state_and_only_an_initialised_driver_stops_forking(tmp_path, monkeypatch):
     from tilesmith import zygote
 
-    # This machine has no CUDA driver: torch's import maps none. (On a GPU machine Triton's import maps
-    # it without initialising it, 'loaded', and workers still fork: tests/gpu/test_forked_gpu.py.)
+    # This machine has no CUDA driver: torch's import maps none, and workers fork.
     assert zygote.cuda_driver_state() == "absent"
     p, scratch, _ = _start(tmp_path, "report")
     assert isinstance(p, forked.Forked), forked._failed
     _report(p, scratch)
+
+    # A mapped driver: cuCtxGetCurrent's answer says whether cuInit ran (3: CUDA_ERROR_NOT_INITIALIZED).
+    class Driver:
+        def __init__(self, rc):
+            self.rc = rc
+
+        def cuCtxGetCurrent(self, ptr):
+            return self.rc
+
+    monkeypatch.setattr(zygote, "_libcuda_mapped", lambda: True)
+    for rc, state in ((3, "loaded"), (0, "initialised"), (34, "initialised")):
+        monkeypatch.setattr(zygote.ctypes, "CDLL", lambda name, mode=0, rc=rc: Driver(rc))
+        assert zygote.cuda_driver_state() == state
+
+    def missing(name, mode=0):
+        raise OSError("not mapped under that name")
+
+    monkeypatch.setattr(zygote.ctypes, "CDLL", missing)
+    assert zygote.cuda_driver_state() == "initialised"  # cannot tell: the careful answer
+    # Only an initialised driver (or no start at all) rules the zygote out, and the reason names the import.
+    assert forked.unusable({"ready": True, "cuda_driver": "absent"}) is None
+    assert forked.unusable({"ready": True, "cuda_driver": "loaded"}) is None
+    why = forked.unusable({"ready": True, "cuda_driver": "initialised", "cuda_driver_by": "some.module"})
+    assert "some.module" in why and "new interpreters" in why
+    assert "did not start" in forked.unusable({"error": "boom"})
 
 
 def test_the_zygotes_imports_make_no_call_that_initialises_cuda():

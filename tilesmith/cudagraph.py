@@ -34,7 +34,8 @@ from them and its own size checks ran at the capture):
 * Each call runs on the caller's current stream; a call on another stream than the last one first
   waits for the last one's work.
 * Captures keep the caching allocator's free blocks (torch.cuda.graph empties its cache first, which
-  moves the caller's next allocations, a training step's saved activations among them).
+  moves the caller's next allocations, a training step's saved activations among them); only a capture
+  that runs out of memory empties the cache, and is made once more.
 
 It makes the plain call instead (the wrapper's own launches, the same results) whenever a graph is not
 safe or not possible, and remembers that per layout: tensors not all on one CUDA device, a capture that
@@ -297,7 +298,14 @@ class _Record:
         static = [self.own.get(i, x) for i, x in enumerate(real)]
         reserved0 = torch.cuda.memory_reserved(lay.device)
         self.graph = torch.cuda.CUDAGraph()
-        out = _capture(self.graph, pool, lambda: lay.owner.fn(list(static)), lay.dev_idx)
+        try:
+            out = _capture(self.graph, pool, lambda: lay.owner.fn(list(static)), lay.dev_idx)
+        except torch.cuda.OutOfMemoryError:
+            # The cache kept for the caller cannot be given back while a capture is under way, and the graph's
+            # pool needed new memory: give it back now and capture once more, as torch.cuda.graph would have.
+            torch.cuda.empty_cache()
+            self.graph = torch.cuda.CUDAGraph()
+            out = _capture(self.graph, pool, lambda: lay.owner.fn(list(static)), lay.dev_idx)
         grew = torch.cuda.memory_reserved(lay.device) - reserved0
         if grew > MAX_GRAPH_BYTES:
             raise _NotGraphable(f"the graph would keep {grew >> 20} MiB of device memory reserved")

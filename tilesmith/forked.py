@@ -64,6 +64,16 @@ def wanted_for(graph_dirs) -> bool:
     return "unknown" not in devices and all(wanted(d) for d in devices)  # unreadable: started the usual way
 
 
+def unusable(reply: dict) -> str | None:
+    """Why a zygote's first reply rules it out (then workers start as new interpreters), or None."""
+    if not reply.get("ready"):
+        return f"the zygote did not start: {reply}"
+    if reply.get("cuda_driver") not in ("absent", "loaded"):  # see zygote.cuda_driver_state
+        return (f"the zygote's import of {reply.get('cuda_driver_by') or 'its modules'} initialised the CUDA driver "
+                f"({reply.get('cuda_driver')}): its children could not use CUDA; workers start as new interpreters")
+    return None
+
+
 class Forked:
     """A worker forked by the zygote: pid is its keeper's (the process group to kill), returncode the
     worker's (negative: killed by that signal; -9 where the keeper itself was killed)."""
@@ -163,13 +173,9 @@ class _Zygote:
     def _await_ready(self) -> None:
         if self.ready:
             return
-        reply = self._recv(_START_S)
-        if not reply.get("ready"):
-            raise OSError(f"the zygote did not start: {reply}")
-        if reply.get("cuda_driver") not in ("absent", "loaded"):  # see zygote.cuda_driver_state
-            raise OSError(f"the zygote's import of {reply.get('cuda_driver_by') or 'its modules'} initialised the "
-                          f"CUDA driver ({reply.get('cuda_driver')}): its children could not use CUDA; workers "
-                          "start as new interpreters")
+        why = unusable(self._recv(_START_S))
+        if why:
+            raise OSError(why)
         self.ready = True
 
     def _recv(self, timeout_s: float) -> dict:

@@ -145,7 +145,14 @@ def test_gpu_graphed_inputs_that_move_are_recorded_again_then_copied(launch_grap
     assert again.startswith("inputs moved: [") and "(0 again" not in again, lay
 
 
-def test_gpu_graphed_capture_keeps_the_allocators_cached_blocks(launch_graph):
+def _count_empty_cache(monkeypatch) -> list:
+    calls = []
+    real = torch.cuda.empty_cache
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: (calls.append(1), real())[1])
+    return calls
+
+
+def test_gpu_graphed_capture_keeps_the_allocators_cached_blocks(launch_graph, monkeypatch):
     """torch.cuda.graph empties the caching allocator before it captures; the replay captures without
     that, so a capture does not move where the caller's next allocations land."""
     from tilesmith import loading
@@ -156,29 +163,41 @@ def test_gpu_graphed_capture_keeps_the_allocators_cached_blocks(launch_graph):
     spare = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     del spare  # a free 64 MiB segment in the cache
     reserved = torch.cuda.memory_reserved()
-    wrapped.call(list(args))  # the capture
+    emptied = _count_empty_cache(monkeypatch)
+    wrapped.call(list(args))  # the capture, and its first replay
     (lay,) = wrapped.call.describe()
-    assert lay["captures"] == 1, lay
-    assert torch.cuda.memory_reserved() >= reserved  # nothing of the cache given back
+    assert lay["captures"] == 1 and lay["reason"] is None and wrapped.call.replays == 1, lay
+    assert not emptied and torch.cuda.memory_reserved() >= reserved  # nothing of the cache given back
 
 
-def test_gpu_graphed_inputs_made_anew_each_step_stay_in_place(launch_graph):
+def test_gpu_graphed_inputs_made_anew_each_step_stay_in_place(launch_graph, monkeypatch):
     """A training step's backward reads the forward's saved activations: new tensors each step, which the
     caching allocator puts where the last step's were when the step allocates the same way. After the
-    warm-up and one capture they are read in place: no re-record, no copy."""
+    warm-up and one capture they are read in place: no re-record, no copy. The activations here sit in
+    segments of their own (2 MiB or more each, the allocator's large pool), which an emptied cache would
+    give back while they are free."""
     from tilesmith import loading
 
     data, plain, wrapped = _modules(launch_graph)
     base = loading.clone_args(data.inputs)
+    emptied = _count_empty_cache(monkeypatch)
+
+    def act(x):
+        if not isinstance(x, torch.Tensor) or not x.is_contiguous():
+            return x.clone() if isinstance(x, torch.Tensor) else x
+        big = torch.empty(max(x.numel(), (2 << 20) // x.element_size() + 1), dtype=x.dtype, device=x.device)
+        return big[:x.numel()].view(x.shape).copy_(x)
+
     for step in range(10):
         temps = [torch.empty(n << 20, dtype=torch.uint8, device="cuda") for n in (8, 3, 40)]  # the forward's
-        acts = [x.clone() if isinstance(x, torch.Tensor) else x for x in base]  # the saved activations
+        acts = [act(x) for x in base]  # the saved activations
         del temps
         want = [w.clone() for w in plain.call(list(acts))]
         _close(wrapped.call(list(acts)), want)
         del acts, want
     (lay,) = wrapped.call.describe()
     assert lay["captures"] == 1 and lay["inputs_copied"] == 0 and wrapped.call.replays == 9, lay
+    assert not emptied
 
 
 def test_gpu_graphed_outputs_that_view_inputs_are_views_of_the_callers_inputs():

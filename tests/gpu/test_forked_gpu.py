@@ -33,6 +33,18 @@ def test_gpu_a_forked_worker_runs_kernels_and_cuda_graphs(tmp_path, monkeypatch)
     assert r["sum"] == 12.0
 
 
+def test_gpu_the_driver_probe_tells_a_mapped_driver_from_an_initialised_one():
+    code = ("import json, torch, triton\n"
+            "from tilesmith import zygote\n"
+            "before = zygote.cuda_driver_state()\n"
+            "torch.cuda.init()\n"
+            "print(json.dumps([before, zygote.cuda_driver_state()]))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    before, after = json.loads(p.stdout.strip().splitlines()[-1])
+    assert before in ("absent", "loaded") and after == "initialised"
+
+
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_gpu_gate_with_forked_workers_accepts_a_real_win_and_not_the_original(mode, tmp_path, monkeypatch,
                                                                                  inductor_cache):

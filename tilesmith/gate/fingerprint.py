@@ -13,10 +13,6 @@ import torch
 if TYPE_CHECKING:
     from tilesmith.gate.worker import State
 
-# device_count() asks NVML where it can; is_available() runs cuInit, and this module is imported by the
-# zygote that workers fork from: a driver initialised there leaves its children without CUDA.
-_CUDA = torch.cuda.device_count() > 0
-
 
 def process_state() -> dict:
     """Process-wide settings a call could change to slow down, or change the numerics of, code that runs
@@ -38,7 +34,9 @@ def process_state() -> dict:
           "python_threads": threading.active_count(), "thread_states": len(sys._current_frames()), "affinity": sorted(os.sched_getaffinity(0))
           if hasattr(os, "sched_getaffinity") else [], "nice": os.getpriority(os.PRIO_PROCESS, 0),
           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
-    if _CUDA and torch.cuda.is_initialized():
+    # Nothing about CUDA is asked at import: the zygote that workers fork from imports this module, and a
+    # driver initialised there (torch.cuda.is_available() runs cuInit) leaves its children without CUDA.
+    if torch.cuda.is_initialized():
         st["cuda_device"] = torch.cuda.current_device()
         st["cuda_stream"] = torch.cuda.current_stream().cuda_stream
         st["allocator"] = torch.cuda.get_allocator_backend()

@@ -14,10 +14,13 @@ from tilesmith.gate.worker_tensors import _as_list, _refill, _to_cpu, _to_device
 if TYPE_CHECKING:
     from tilesmith.gate.worker import State
 
-# device_count() asks NVML where it can; is_available() runs cuInit, and this module is imported by the
-# zygote that workers fork from: a driver initialised there leaves its children without CUDA.
-_CUDA = torch.cuda.device_count() > 0
-_device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
+
+def _on_cuda(st: State) -> bool:
+    """Whether this worker's graph runs on CUDA: its device, asked per call, never at import. The zygote that
+    workers fork from imports this module outside the sandbox (it sees the machine's GPUs, and a CUDA query
+    there, torch.cuda.is_available() running cuInit, would leave its children without CUDA), while a CPU
+    worker forked from it has no GPU device nodes at all."""
+    return str(st.device).startswith("cuda")
 
 
 def _layout(o, args) -> dict:
@@ -37,8 +40,8 @@ def _call(st: State, role: str, args: list, on_side_stream: bool):
 
     loading.restore_rng(st.data.rng)
     with torch.no_grad():
-        if on_side_stream and _CUDA:
-            _device_sync()
+        if on_side_stream and _on_cuda(st):
+            torch._C._cuda_synchronize()
             s = torch.cuda.Stream()
             with torch.cuda.stream(s):
                 out = st.fns[role](list(args))
@@ -86,7 +89,8 @@ def op_outputs(st: State, req: dict) -> dict:
         for b, x in zip(bufs, sets["inputs"][j]):
             _refill(b, _to_device(x, st.device))
         out2, second = _call(st, role, bufs, side)
-        _device_sync()
+        if _on_cuda(st):
+            torch._C._cuda_synchronize()
         pair = {"first": [_to_cpu(o) for o in _as_list(out1)], "second": second}
     torch.save({"sets": results, "pair": pair}, req["out_file"])
     return {}
