@@ -297,15 +297,16 @@ class _Record:
         self.copy_in(real)
         static = [self.own.get(i, x) for i, x in enumerate(real)]
         reserved0 = torch.cuda.memory_reserved(lay.device)
+        run = lambda: lay.owner.fn(list(static))  # noqa: E731
         self.graph = torch.cuda.CUDAGraph()
         try:
-            out = _capture(self.graph, pool, lambda: lay.owner.fn(list(static)), lay.dev_idx)
+            out = _capture(self.graph, pool, run, lay.dev_idx)
         except torch.cuda.OutOfMemoryError:
             # The cache kept for the caller cannot be given back while a capture is under way, and the graph's
             # pool needed new memory: give it back now and capture once more, as torch.cuda.graph would have.
             torch.cuda.empty_cache()
             self.graph = torch.cuda.CUDAGraph()
-            out = _capture(self.graph, pool, lambda: lay.owner.fn(list(static)), lay.dev_idx)
+            out = _capture(self.graph, pool, run, lay.dev_idx)
         grew = torch.cuda.memory_reserved(lay.device) - reserved0
         if grew > MAX_GRAPH_BYTES:
             raise _NotGraphable(f"the graph would keep {grew >> 20} MiB of device memory reserved")

@@ -56,11 +56,8 @@ def wanted(device: str) -> bool:
     return m == "on" or not str(device).startswith("cuda")
 
 
-def wanted_for(graph_dirs) -> bool:
-    """wanted() for a worker that runs these captured graphs (their graph.json says the device)."""
-    from tilesmith.sandbox import graph_devices
-
-    devices = graph_devices(graph_dirs)
+def wanted_for(devices: list[str]) -> bool:
+    """wanted() for a worker that runs captured graphs on these devices (sandbox.graph_devices)."""
     return "unknown" not in devices and all(wanted(d) for d in devices)  # unreadable: started the usual way
 
 

@@ -91,10 +91,9 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
         (Path(tmp) / "jobs.json").write_text(json.dumps(listing))
         cmd = [sys.executable, "-m", "tilesmith.profile_worker", "--batch", str(Path(tmp) / "jobs.json"), str(calls)]
         calm_spares()  # no gate worker may still be starting while this one measures
-        spec = sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs],
-                            devices=sandbox.devices_for(*sandbox.graph_devices(gdirs)))
-        res = sandbox.run_json(cmd, spec, timeout_s,
-                               fork=forked.wanted_for(gdirs))
+        devices = sandbox.graph_devices(gdirs)
+        spec = sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs], devices=sandbox.devices_for(*devices))
+        res = sandbox.run_json(cmd, spec, timeout_s, fork=forked.wanted_for(devices))
     names = ", ".join(g.name[:12] for g in gdirs)
     if res.returncode is None:
         return [TilesmithError(f"profiling {names} took over {timeout_s:.0f} s", code="profile-timeout")] * len(jobs)

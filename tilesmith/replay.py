@@ -33,9 +33,9 @@ def replay(graph_dir: str | Path, *, timeout_s: float = 600.0, atol: float = 1e-
     meta = load_graph_json(gdir)
     cmd = [sys.executable, "-m", "tilesmith.replay", str(gdir), str(atol)]
     with tempfile.TemporaryDirectory(prefix="tilesmith-replay-") as tmp:
-        spec = sandbox.Spec(scratch=tmp, readable=[str(gdir)], devices=sandbox.devices_for(str(meta.get("device") or "cpu")))
-        res = sandbox.run_json(cmd, spec, timeout_s,
-                               fork=forked.wanted(str(meta.get("device") or "cpu")))
+        device = str(meta.get("device") or "cpu")
+        spec = sandbox.Spec(scratch=tmp, readable=[str(gdir)], devices=sandbox.devices_for(device))
+        res = sandbox.run_json(cmd, spec, timeout_s, fork=forked.wanted(device))
     if res.returncode is None:
         return ReplayResult(meta["key"], False, problems=[f"replay did not finish in {timeout_s:.0f} s"])
     if res.returncode != 0 or res.reply is None:

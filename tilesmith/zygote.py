@@ -42,24 +42,26 @@ PRELOAD = ("torch", "torch._inductor.codecache", "tilesmith.loading", "torch._in
            "tilesmith.sandbox_stage")
 
 
-def _preload() -> str | None:
-    """Import PRELOAD; the first module whose import initialised the CUDA driver, if one did (the reply
-    names it: the deciding process then starts CUDA workers as new interpreters, and says why).
+def _preload() -> tuple[str, str | None]:
+    """Import PRELOAD; the CUDA driver's state after it (cuda_driver_state) and the first module whose import
+    initialised the driver, if one did (the reply names it: the deciding process then starts CUDA workers
+    as new interpreters, and says why).
     torch.cuda.is_available() initialises the driver (cudaGetDeviceCount) unless
     PYTORCH_NVML_BASED_CUDA_CHECK=1, which makes it ask NVML, as torch.cuda.device_count() already does:
     set here, for the zygote's own imports (each worker gets its environment exactly as asked)."""
     import importlib
 
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    culprit = None
+    state, culprit = "absent", None
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except Exception:  # absent in this torch version: the worker that needs it says so itself
             pass
-        if culprit is None and cuda_driver_state() == "initialised":
-            culprit = name
-    return culprit
+        if state != "initialised":  # initialised stays so: no probe after that
+            state = cuda_driver_state()
+            culprit = name if state == "initialised" else None
+    return state, culprit
 
 
 def _libcuda_mapped() -> bool:
@@ -256,11 +258,10 @@ def main(sock_fd: int, life_fd: int) -> None:
     # Ends when the deciding process closes its end of the socket (or dies): no PR_SET_PDEATHSIG, which
     # would fire when the *thread* that started it ends. Its workers watch the deciding process's lifeline.
     sock = socket.socket(fileno=sock_fd)
-    culprit = _preload()
+    driver, culprit = _preload()
     _ZYGOTE_PATHS.update(TMPDIR=os.environ.get("TMPDIR", ""), HOME=os.environ.get("HOME", ""), cwd=os.getcwd())
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # keepers are reaped by the kernel
-    sock.send(json.dumps({"ready": True, "pid": os.getpid(), "cuda_driver": cuda_driver_state(),
-                          "cuda_driver_by": culprit}).encode())
+    sock.send(json.dumps({"ready": True, "pid": os.getpid(), "cuda_driver": driver, "cuda_driver_by": culprit}).encode())
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)

@@ -37,10 +37,10 @@ def screen(graph_dir: str | Path, sources: list[tuple[str, str]], *, budget_s: f
         spec = Path(tmp) / "spec.json"
         spec.write_text(json.dumps({"graph_dir": str(graph_dir), "sources": files, "budget_s": budget_s}))
         calm_spares()  # no gate worker may still be starting while the variants are timed
+        devices = sandbox.graph_devices([graph_dir])
         res = sandbox.run_json([sys.executable, "-m", "tilesmith.search.measure_worker", str(spec)],
-                               sandbox.Spec(scratch=tmp, readable=[str(graph_dir)],
-                                            devices=sandbox.devices_for(*sandbox.graph_devices([graph_dir]))), timeout_s,
-                               fork=forked.wanted_for([graph_dir]))
+                               sandbox.Spec(scratch=tmp, readable=[str(graph_dir)], devices=sandbox.devices_for(*devices)),
+                               timeout_s, fork=forked.wanted_for(devices))
     if res.returncode is None:
         return [Screen(label, None, [], f"screening timed out after {timeout_s:.0f} s") for label, _ in sources]
     if res.returncode != 0 or res.reply is None:

@@ -157,10 +157,10 @@ def _start(graph_dir, v: Variant, base: Path) -> subprocess.Popen:
                                                 "out": str(base / "wrapper.py")}))
     # Through the one launcher (the OS sandbox, the scrubbed environment, which also sets
     # TORCHINDUCTOR_COMPILE_THREADS=1: parallelism comes from the workers, not pools inside each).
+    devices = sandbox.graph_devices([graph_dir])
     return sandbox.popen([sys.executable, "-m", "tilesmith.search.relower_worker", str(base / "spec.json")],
-                         sandbox.Spec(scratch=str(base), readable=[str(graph_dir)],
-                                      devices=sandbox.devices_for(*sandbox.graph_devices([graph_dir]))),
-                         fork=forked.wanted_for([graph_dir]),
+                         sandbox.Spec(scratch=str(base), readable=[str(graph_dir)], devices=sandbox.devices_for(*devices)),
+                         fork=forked.wanted_for(devices),
                          stdout=open(base / "out.txt", "w"), stderr=open(base / "err.txt", "w"))
 
 
