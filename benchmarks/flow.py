@@ -50,11 +50,13 @@ def serve(fn, call_args: tuple, sync, out_file: str, extra=None, grad: bool = Fa
     """Worker side of `measure_in_processes`: save one output, then time `fn` on request.
 
     Protocol on stdin/stdout, one line each: "time N" -> per-call ms of N back-to-back calls;
-    "quit" -> a JSON line of `extra()` (e.g. runtime stats), then exit. grad: run with autograd on
-    (a training step that calls backward itself).
+    "profile N" -> a JSON line of `profile` (is the step host- or GPU-bound?); "quit" -> a JSON line
+    of `extra()` (e.g. runtime stats), then exit. grad: run with autograd on (a training step that
+    calls backward itself).
     """
     import torch
 
+    step = lambda: fn(*call_args)  # noqa: E731
     with torch.enable_grad() if grad else torch.no_grad():
         for _ in range(3):  # compile, autotune, record CUDA graphs
             out = fn(*call_args)
@@ -64,25 +66,95 @@ def serve(fn, call_args: tuple, sync, out_file: str, extra=None, grad: bool = Fa
         for line in sys.stdin:
             cmd = line.split()
             if cmd[0] == "time":
-                n = int(cmd[1])
-                sync()
-                t0 = time.perf_counter_ns()
-                for _ in range(n):
-                    fn(*call_args)
-                sync()
-                print((time.perf_counter_ns() - t0) / n / 1e6, flush=True)
+                print(ms_per_call(step, sync, int(cmd[1])), flush=True)
+            elif cmd[0] == "profile":
+                print(json.dumps(profile(step, sync, int(cmd[1]), out.is_cuda)), flush=True)
             else:
                 print(json.dumps(extra() if extra else {}), flush=True)
                 return
 
 
+def ms_per_call(step, sync, n: int, wait: bool = True) -> float:
+    """Per-call ms of n back-to-back steps. wait=False: the time to issue them, the GPU maybe still busy."""
+    sync()
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        step()
+    if wait:
+        sync()
+    return (time.perf_counter_ns() - t0) / n / 1e6
+
+
+def profile(step, sync, n: int, cuda: bool) -> dict:
+    """Where a step's time goes: host_ms, the time to issue one (min(n, 20) steps without waiting,
+    so the GPU queue is not yet full); wall_ms, the per-call time of n steps; on CUDA, `device_summary`
+    of n steps under the profiler (None on CPU). A step near gpu_busy_ms is GPU-bound; one well above
+    it waits on the host or on gaps between kernels. An exception becomes "error" beside what was
+    measured: a failing profiler never costs the timing rounds.
+    """
+    res: dict = dict.fromkeys(("host_ms", "wall_ms", "gpu_busy_ms", "kernels_per_step", "top"))
+    try:
+        res["wall_ms"] = ms_per_call(step, sync, n)  # first: it also wakes the worker up from its idle wait
+        res["host_ms"] = ms_per_call(step, sync, min(n, 20), wait=False)
+        if cuda:
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                sync()
+                for _ in range(n):
+                    step()
+                sync()
+            res.update(device_summary(prof.events(), n))
+    except Exception as e:  # noqa: BLE001 - a report, not a crash
+        res["error"] = f"{type(e).__name__}: {e}"[:500]
+    return res
+
+
+def device_summary(events, n: int) -> dict:
+    """Per step of n, from the profiler's raw events (key_averages sums overlapping kernels): the
+    time the GPU is busy (the union of the device events' intervals, in µs: streams that overlap
+    count once), device kernels (copies and sets are busy time, not kernels), and the 5 kernels with
+    the most device time. GPU-side spans of record_function ranges (user annotations) cover the gaps
+    between their kernels, so they are left out; CUDA sync events are off unless asked for.
+    """
+    from torch.profiler import DeviceType
+
+    dev = sorted((e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation),
+                 key=lambda e: e.time_range.start)
+    busy, end = 0.0, float("-inf")
+    for e in dev:
+        if e.time_range.end > end:
+            busy += e.time_range.end - max(e.time_range.start, end)
+            end = e.time_range.end
+    kernel_us: dict = {}
+    count = 0
+    for e in dev:
+        if not e.name.startswith(("Memcpy", "Memset")):
+            count += 1
+            kernel_us[e.name] = kernel_us.get(e.name, 0.0) + e.time_range.end - e.time_range.start
+    top = sorted(kernel_us.items(), key=lambda kv: -kv[1])[:5]
+    return {"gpu_busy_ms": busy / n / 1e3, "kernels_per_step": count / n,
+            "top": [[name[:60], us / n / 1e3] for name, us in top]}
+
+
 def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, calls: int,
-                         min_rounds: int = 10) -> tuple[dict, dict, dict]:
+                         min_rounds: int = 10, profile_calls: int = 0) -> tuple[dict, dict, dict]:
     """Each path in its own process (Dynamo caches and the runtime hook cannot leak between paths),
     timed in interleaved rounds, the first of each round rotating. `worker_cmd(name, out_file)` is
     the command line of one worker. Returns (samples ms per path, max |error| vs names[0], extras).
+    profile_calls: then profile each path over that many calls (`profile`), in its extras' "profile";
+    a worker that dies there (a crash in the profiler) is an error in it, the samples are kept.
     """
     import torch
+
+    def ask(p, request: str) -> str:
+        """The worker's reply line; "" when it has exited."""
+        try:
+            p.stdin.write(request + "\n")
+        except BrokenPipeError:
+            return ""
+        return p.stdout.readline()
 
     procs = {}
     for name in names:
@@ -104,10 +176,17 @@ def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, 
                 p.stdin.write(f"time {calls}\n")
                 samples[n].append(float(p.stdout.readline()))
             r += 1
+        profiles = {}  # every path before any quits: an exiting worker does not disturb another's profile
+        if profile_calls:
+            for n, (p, _) in procs.items():
+                line = ask(p, f"profile {profile_calls}")
+                profiles[n] = json.loads(line) if line else {"error": f"worker exited during profile (exit {p.poll()})"}
         extras = {}
         for n, (p, _) in procs.items():
-            p.stdin.write("quit\n")
-            extras[n] = json.loads(p.stdout.readline())
+            line = ask(p, "quit")
+            extras[n] = json.loads(line) if line else {"error": f"worker exited (exit {p.poll()})"}
+            if n in profiles:
+                extras[n]["profile"] = profiles[n]
         return samples, errors, extras
     finally:
         for p, _ in procs.values():

@@ -1,7 +1,8 @@
 """Model suite: real models from libraries, every torch.compile mode and tilesmith over each.
 
     python benchmarks/models.py run [--models moe,gpt2,resnet18,gpt2-train] [--modes ...]
-                                    [--tilesmith-on default,reduce-overhead] [--max-minutes 1] [--dry-run]
+                                    [--tilesmith-on default,reduce-overhead] [--max-minutes 1] [--profile-calls 50]
+                                    [--dry-run]
 
 Models are built from configs, no weights downloaded (the GPU machine has no network): `moe` (the
 seed's MoE, moe_benchmark.py), `gpt2` (transformers GPT2Config, 4 layers, width 512, bf16, 8x128
@@ -13,14 +14,18 @@ MLP without libraries, for smoke runs on CPU).
 Per model: for each mode in --tilesmith-on, the public flow (capture the `model` subcommand, optimize
 with --max-minutes, install) into its own TILESMITH_HOME; then every path in its own process, timed in
 interleaved rounds (benchmarks/flow.py): eager, `compile <mode>` for each of --modes, `tilesmith on
-<mode>` (the same compile with `import tilesmith.runtime`). A path's sample is the program's own time
-per step (a training step includes backward). Reported per model: the best compile mode, each
-tilesmith path's ratio to it (> 1: tilesmith faster) and to its own mode, the runtime's statistics
-(graphs substituted, CUDA-graph replays, plain calls and why), and the gate's estimate of the step
-(own mode's measured step minus the accepted graphs' savings, in proportion) beside
-the measured one (a measured step much slower than the estimate means the gate timed something the
-program does not run). Then the geometric mean over models. Writes models.json after every model (a run
-cut off keeps what it measured) and prints tables; never passes or fails on time.
+<mode>` (the same compile with `import tilesmith.runtime`); then each path profiled over
+--profile-calls steps (default 50 on CUDA, none on CPU): the time to issue a step, the GPU's busy time
+per step (the union of its kernels' intervals), kernels per step, and whether the step is GPU-bound or
+waits on the host and on gaps between kernels (what a ratio to a compile mode alone does not say). A
+path's sample is the program's own time per step (a training step includes backward). Reported per
+model: the best compile mode, each tilesmith path's ratio to it (> 1: tilesmith faster) and to its own
+mode, the runtime's statistics (graphs substituted, CUDA-graph replays, plain calls and why), and the
+gate's estimate of the step (own mode's measured step minus the accepted graphs' savings, in
+proportion) beside the measured one (a measured step much slower than the estimate means the gate
+timed something the program does not run). Then the geometric mean over models. Writes models.json
+after every model (a run cut off keeps what it measured) and prints tables; never passes or fails on
+time.
 """
 
 from __future__ import annotations
@@ -167,8 +172,10 @@ def plan(a, device: str) -> dict:
     if bad:
         raise SystemExit(f"unknown model or mode: {', '.join(bad)}")
     paths = ["eager"] + [f"compile {m}" for m in modes] + [f"tilesmith on {m}" for m in ts]
+    profile_calls = a.profile_calls if a.profile_calls is not None else 50 if device.startswith("cuda") else 0
     return {"models": models, "modes": modes, "tilesmith_on": ts, "paths": paths, "device": device,
-            "max_minutes": a.max_minutes, "seconds": a.seconds, "calls": a.calls, "optimizer": a.optimizer}
+            "max_minutes": a.max_minutes, "seconds": a.seconds, "calls": a.calls, "optimizer": a.optimizer,
+            "profile_calls": profile_calls}
 
 
 def run_model(name: str, p: dict, out: Path, a) -> dict:
@@ -200,15 +207,33 @@ def run_model(name: str, p: dict, out: Path, a) -> dict:
     (out / name).mkdir(parents=True, exist_ok=True)
     try:
         samples, errors, extras = flow.measure_in_processes(cmd, names, str(out / name), a.seconds, a.calls,
-                                                            min_rounds=a.min_rounds)
+                                                            min_rounds=a.min_rounds, profile_calls=p["profile_calls"])
     except SystemExit as e:
         res["errors"].append(f"timing: {e}")
         return res
     print(f"\n{name}: per step, interleaved rounds")
     res["rows"] = flow.table(samples, errors, "eager", "compile default" if "compile default" in samples else None)
+    if p["profile_calls"]:
+        print(f"\n{name}: where a step goes, {p['profile_calls']} steps profiled per path")
+        res["profile"] = profile_table({n: extras[n].pop("profile") for n in names})
     res["runtime"] = {n: extras[n] for n in names if n.startswith("tilesmith on ")}
     res.update(headline(res))
     return res
+
+
+def profile_table(profiles: dict) -> dict:
+    """Print where each path's step goes (flow.profile) and whether it is GPU-bound: the GPU busy for
+    most of the step, or a step that waits on the host issuing it or on gaps between kernels (what
+    CUDA graphs and fewer, larger kernels remove). Returns the profiles, each with its "bound"."""
+    print(f"{'path':34} {'wall ms':>9} {'host ms':>9} {'GPU busy ms':>12} {'kernels/step':>13} {'bound':>10}")
+    cell = lambda x, w, f: f"{x:{w}.{f}f}" if x is not None else f"{'-':>{w}}"  # noqa: E731
+    for k, pr in profiles.items():
+        busy, wall = pr.get("gpu_busy_ms"), pr.get("wall_ms")
+        pr["bound"] = None if busy is None or not wall else "GPU" if busy >= 0.8 * wall else "host/gaps"
+        print(f"{k:34} {cell(wall, 9, 4)} {cell(pr.get('host_ms'), 9, 4)} {cell(busy, 12, 4)} "
+              f"{cell(pr.get('kernels_per_step'), 13, 1)} {pr['bound'] or '-':>10}"
+              + (f"  error: {pr['error'][:120]}" if pr.get("error") else ""))
+    return profiles
 
 
 def headline(res: dict) -> dict:
@@ -320,6 +345,8 @@ def main() -> int:
     r.add_argument("--seconds", type=float, default=8.0, help="timing budget per model, interleaved rounds")
     r.add_argument("--calls", type=int, default=10, help="steps per timed sample")
     r.add_argument("--min-rounds", type=int, default=10)
+    r.add_argument("--profile-calls", type=int, default=None,
+                   help="steps profiled per path after the timing, host- or GPU-bound (default: 50 on CUDA, 0 on CPU)")
     r.add_argument("--optimizer", default="tuner", choices=["tuner", "agent"])
     r.add_argument("--device", default=None)
     r.add_argument("--deadline-minutes", type=float, default=None, help="start no new model after this")

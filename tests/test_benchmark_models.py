@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "models.py"
 
@@ -50,3 +52,44 @@ def test_gate_estimate_of_the_step_is_scaled_only_when_every_graph_has_a_baselin
         done, {"status": "exhausted", "baseline_ms": 2.0, "best_ms": None, "speedup": None}]}}})
     t = whole["tilesmith_paths"]["default"]
     assert t["estimate_scaled"] is True and t["gate_estimate_ms"] == 6.0
+
+
+def test_each_worker_answers_profile_with_host_and_wall_time_and_no_gpu_figures_on_cpu(tmp_path):
+    from benchmarks import flow
+
+    def cmd(path: str, out_file: str) -> list[str]:  # as models.py's run_model starts a worker
+        return [sys.executable, str(SCRIPT), "worker", "--name", "tiny", "--path", path, "--device", "cpu",
+                "--out", out_file]
+
+    samples, errors, extras = flow.measure_in_processes(cmd, ["eager"], str(tmp_path), 0.0, 2, min_rounds=2,
+                                                        profile_calls=5)
+    assert len(samples["eager"]) == 2 and errors == {"eager": 0.0}
+    prof = extras["eager"].pop("profile")
+    assert extras["eager"] == {}  # the worker's own extras are unchanged beside it
+    assert "error" not in prof, prof
+    assert prof["host_ms"] > 0 and prof["wall_ms"] > 0
+    assert prof["gpu_busy_ms"] is None and prof["kernels_per_step"] is None and prof["top"] is None
+
+
+def test_gpu_busy_time_is_the_union_of_device_events_without_annotation_spans():
+    from types import SimpleNamespace as NS
+
+    from torch.profiler import DeviceType
+
+    from benchmarks import flow, models
+
+    def ev(name, start, end, device=DeviceType.CUDA, annotation=False):
+        return NS(name=name, device_type=device, is_user_annotation=annotation, time_range=NS(start=start, end=end))
+
+    # 2 steps: two kernels overlapping on two streams (0-30 us once), a copy, a gap, a kernel; the
+    # annotation spanning the gap and the host's launch are not device work.
+    events = [ev("gemm", 0, 20), ev("relu", 10, 30), ev("Memcpy HtoD (Pageable -> Device)", 30, 40),
+              ev("gemm", 100, 140), ev("## Call CompiledFxGraph ##", 0, 140, annotation=True),
+              ev("cudaLaunchKernel", 0, 200, device=DeviceType.CPU)]
+    s = flow.device_summary(events, 2)
+    assert s["gpu_busy_ms"] == pytest.approx((40 + 40) / 2 / 1e3) and s["kernels_per_step"] == 1.5
+    assert s["top"] == [["gemm", pytest.approx(0.03)], ["relu", pytest.approx(0.01)]]
+    rows = models.profile_table({"gpu": {"wall_ms": 0.045, "host_ms": 0.01, **s},
+                                 "host": {"wall_ms": 0.5, "host_ms": 0.5, **s},
+                                 "cpu": {"wall_ms": 0.5, "host_ms": 0.5, "gpu_busy_ms": None, "kernels_per_step": None}})
+    assert [r["bound"] for r in rows.values()] == ["GPU", "host/gaps", None]
