@@ -1,11 +1,9 @@
 """The deciding process's side of tilesmith/zygote.py: workers forked from an interpreter that has already
 imported torch, into the same sandbox tilesmith.sandbox builds (see sandbox.popen(..., fork=True)).
 
-TILESMITH_FORK_WORKERS: auto (default) and on fork every gate worker on Linux, CPU and CUDA alike (the
-zygote never initialises CUDA, and each worker creates its own context: tests/gpu/test_forked_gpu.py,
-green on the H200 in session 11; `on` is kept for scripts that set it and now means the same). Where
-forking cannot work (no fd passing, a zygote whose imports initialised the driver) workers start as
-new interpreters. off starts every worker as a new interpreter.
+TILESMITH_FORK_WORKERS: auto (default) forks CPU gate workers on Linux; on also forks CUDA ones (the
+zygote never initialises CUDA, and each worker creates its own context; not yet the default until the
+GPU suite has run it); off starts every worker as a new interpreter.
 
 One zygote serves every worker whose environment is the same apart from its own folders (HOME, TMPDIR,
 TILESMITH_HOME) and device: what torch reads when it is imported (OMP_NUM_THREADS, GOMP_SPINCOUNT, the
@@ -52,7 +50,10 @@ def mode() -> str:
 
 def wanted(device: str) -> bool:
     """Whether a worker for `device` is forked from the zygote (see the module's docstring)."""
-    return mode() != "off" and sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+    m = mode()
+    if m == "off" or not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
+        return False
+    return m == "on" or not str(device).startswith("cuda")
 
 
 def wanted_for(devices: list[str]) -> bool:
