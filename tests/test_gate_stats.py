@@ -160,3 +160,33 @@ def test_calibration_bounds_are_exact_clopper_pearson():
     assert binomial_cdf(190, 200, hi) == pytest.approx(0.05, abs=1e-6)  # P(X <= 190 | upper) = 5 %
     assert 1 - binomial_cdf(189, 200, lo) == pytest.approx(0.05, abs=1e-6)  # P(X >= 190 | lower) = 5 %
     assert lo < 0.95 < hi and clopper_pearson(200, 200)[1] == 1.0
+
+
+def test_timing_contents_draw_weights_once_share_them_and_no_value_depends_on_threads(monkeypatch):
+    """The timed calls' sets: a weight keeps one value through them (drawn once, the same tensor in every
+    set, nothing drawn only to be thrown away), the other inputs change from set to set; and the big
+    tensors drawn side by side on threads get exactly the values a serial draw gives."""
+    from tilesmith.gate import Policy
+    from tilesmith.gate import inputs as I
+    from tilesmith.gate.original import timing_contents
+
+    g = torch.Generator().manual_seed(0)
+    w, x, y = (torch.randn(300, 300, generator=g).bfloat16(), torch.randn(400, 200, generator=g),
+               torch.randn(70000, generator=g))
+    meta = {"inputs": [{"kind": "tensor", "parameter": True, "range": {"min": -4.0, "max": 4.0, "mean": 0.0, "std": 1.0}},
+                       {"kind": "tensor", "parameter": False}, {"kind": "tensor", "parameter": False}]}
+    fills = []
+    real_fill = I._fill
+    monkeypatch.setattr(I, "_fill", lambda t, *a: fills.append(t.shape) or real_fill(t, *a))
+    policy = Policy()
+    contents = timing_contents(meta, [w, x, y], 7, policy)
+    n = 2 * policy.rotating_sets
+    assert len(contents) == n and fills.count(w.shape) == 1 and fills.count(x.shape) == n
+    assert all(c[0] is contents[0][1][0] for _, c in contents)
+    assert not torch.equal(contents[0][1][0], w) and contents[0][1][0].dtype == torch.bfloat16
+    assert not torch.equal(contents[0][1][1], contents[1][1][1])
+    threaded = I.make_sets(meta, [w, x, y], seed=3)
+    monkeypatch.setattr(I, "_BIG", 1 << 40)  # every tensor drawn in this thread
+    serial = I.make_sets(meta, [w, x, y], seed=3)
+    for (name, a), (_, b) in zip(threaded, serial):
+        assert all(torch.equal(p, q) for p, q in zip(a, b)), name

@@ -50,18 +50,13 @@ def _graph_id(gdir: Path) -> tuple:
 def timing_contents(meta: dict, inputs: list, seed: int, policy: Policy) -> list:
     """The input contents timed calls rotate through: twice as many random sets as rotating buffers, drawn
     from their own seed (not the correctness sets), so the buffers' values change between samples."""
-    from tilesmith.gate.inputs import derive_seed, make_sets, parameter_indices
+    from tilesmith.gate.inputs import derive_seed, draw_sets, parameter_indices
 
-    n = 2 * max(1, policy.rotating_sets)
-    contents = make_sets(meta, inputs, derive_seed(seed, "timing") % (1 << 31), n)[1:1 + n]
     # Parameters keep one value through the timed calls, as a program's weights do between steps: the
     # workers time them in one buffer at one address (a replay reads weights in place). Correctness
     # varies them; the checked timed calls compare against the original on these same values.
-    params = parameter_indices(meta)
-    for name, content in contents[1:]:
-        for i in params:
-            content[i] = contents[0][1][i]
-    return contents
+    n = 2 * max(1, policy.rotating_sets)
+    return draw_sets(meta, inputs, derive_seed(seed, "timing") % (1 << 31), n, shared=parameter_indices(meta))
 
 
 class Reference:
