@@ -22,10 +22,10 @@ left() { echo $((LIMIT - SECONDS)); }
     --out-dir /tmp/models-out > "$OUT/models.log" 2>&1
 echo "models rc=$? after ${SECONDS} s" | tee -a "$OUT/models.log"
 cp /tmp/models-out/models.json "$OUT/" 2>/dev/null
-# The optimize runs' small JSON (run.json, baseline profiles, every verdict with its stage seconds): where a
-# gate decision's time went on the GPU, readable after the call.
+# The optimize runs' small files (run.json, baseline profiles or why they failed, every verdict with its stage
+# seconds, every screened variant with its error): where a decision's time went and why a track found nothing.
 (cd /tmp/models-out 2>/dev/null && find . -path '*/home/runs/*' \( -name 'verdict_*.json' -o -name run.json \
-    -o -name baseline.json \) -print0 | tar czf "$OUT/runs.tgz" --null -T -) 2>/dev/null
+    -o -name baseline.json -o -name baseline_error.json -o -name tuner_variants.jsonl \) -print0 | tar czf "$OUT/runs.tgz" --null -T -) 2>/dev/null
 tail -n 12 "$OUT/models.log"
 
 if [ "$(left)" -gt 50 ]; then

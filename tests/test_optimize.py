@@ -278,3 +278,25 @@ def test_jobs_runs_graphs_concurrently_and_every_track_ends(training_ws):
     r = opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", jobs=2), optimizer=paired)
     assert r.status == "complete" and len(r.tracks) == 4
     assert all(t.status == "exhausted" and t.reason == "met another track" and t.baseline_ms for t in r.tracks), r.tracks
+
+
+def test_a_failed_baseline_profile_and_failed_screens_are_named_in_the_track(oversub_ws, monkeypatch):
+    """A track whose profile and every screen failed used to end as 'exhausted: nothing more to try' with
+    no baseline and no word why (the H200's forked CUDA workers, session 11): the reasons are kept."""
+    from tilesmith import profile
+
+    monkeypatch.setattr(profile, "profile_graphs", lambda dirs, **kw: [TilesmithError(
+        "profiling abc failed: RuntimeError: CUDA driver initialization failed", code="profile-failed")] * len(dirs))
+
+    def screens_fail(track, settings):
+        assert track.profile is None
+        track.record({"kernel": "(whole call)", "variant": "v", "median_ms": None, "error": "worker failed: boom"})
+        yield from ()
+
+    r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner"), optimizer=from_generator(screens_fail))
+    t = r.tracks[0]
+    assert t.status == "exhausted" and t.baseline_ms is None and "CUDA driver initialization failed" in t.profile_error
+    assert "all 1 screened variants failed to run, the first: worker failed: boom" in t.reason
+    assert "the baseline profile failed: profiling abc failed" in t.reason
+    saved = json.loads((runs.track_dir(r.run_id, t.key).parent / "run.json").read_text())["graphs"][t.key]
+    assert saved["reason"] == t.reason and saved["profile_error"] == t.profile_error

@@ -93,6 +93,7 @@ class TrackResult:
     best_ms: float | None = None
     speedup: float | None = None  # original / best, from the gate's measurement chain
     speedup_low: float | None = None
+    profile_error: str = ""  # why the baseline profile failed (the track then runs without one)
 
 
 @dataclass
@@ -253,8 +254,11 @@ def _order_by_time(r: _Run, graphs):
         with r.timing_lock:
             profiles = profile_graphs([r.ws.graph_dir(g.key) for g in todo])
         for g, p in zip(todo, profiles):
-            if isinstance(p, TilesmithError):
+            if isinstance(p, TilesmithError):  # the track still runs, without a profile, and says why
                 times[g.key] = 0.0
+                write_json(runs.track_dir(r.run_id, g.key) / "profiles" / "baseline_error.json",
+                           {"error": str(p), "code": p.code})
+                r.note("profile-failed", key=g.key, error=str(p))
                 continue
             write_json(runs.track_dir(r.run_id, g.key) / "profiles" / "baseline.json", p.to_dict())
             times[g.key] = p.wall_ms * g.seen
@@ -294,6 +298,8 @@ def _run_track(r: _Run, g, t: TrackResult) -> None:
 
         track.profile = Profile.from_dict(base)
         t.baseline_ms = track.profile.wall_ms
+    elif (track.profiles / "baseline_error.json").exists():
+        t.profile_error = str(json.loads((track.profiles / "baseline_error.json").read_text()).get("error", ""))
     best_file = track.dir / "best.py"
     if best_file.exists():  # resuming: carry on from the best confirmed source
         track.best_text = best_file.read_text()
@@ -308,8 +314,24 @@ def _run_track(r: _Run, g, t: TrackResult) -> None:
         t.status, t.reason = optimizer(track, r.settings, submit, loops_done=t.loops_done)
         if t.status == "exhausted" and t.loops_done > 0:
             t.status = "done"
+        if t.candidates == 0:  # nothing reached the gate: say what failed on the way, not only "nothing to try"
+            t.reason = "; ".join(x for x in (t.reason, _failed_screens(track),
+                                             f"the baseline profile failed: {t.profile_error}" if t.profile_error else "")
+                                 if x)
     r.save(t)
     r.note("track", key=g.key, track=t)
+
+
+def _failed_screens(track: Track) -> str:
+    """When every variant the optimizer screened failed to run: how many, and the first error."""
+    f = track.profiles / "tuner_variants.jsonl"
+    if not f.exists():
+        return ""
+    rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    errors = [str(v.get("error")) for v in rows if v.get("error")]
+    if not rows or len(errors) < len(rows):
+        return ""
+    return f"all {len(rows)} screened variants failed to run, the first: {errors[0][:300]}"
 
 
 def _submit(r: _Run, g, t: TrackResult, track: Track, cand: Candidate) -> dict:

@@ -64,3 +64,26 @@ def test_gpu_gate_with_forked_workers_accepts_a_real_win_and_not_the_original(mo
     assert forked._zygotes and not forked._failed, forked._failed  # the workers were forked
     v = judge(graph, tmp_path / "candidate.py", Policy(time_budget_s=8.0))
     assert not v.accepted and v.codes == ["not-faster"], v.reasons
+
+
+def test_gpu_the_optimize_flow_with_forked_workers_profiles_and_screens(tmp_path):
+    """What the gate test above does not cover and the H200 model run of session 11 failed: the optimize
+    flow's own workers (the baseline profile and the tuner's screens, started through sandbox.run_json)
+    forked for CUDA. That run ended 'exhausted' with no baseline and no candidate; the track now names
+    both failures, and this test shows them."""
+    import os
+
+    ws = tmp_path / "ws"
+    p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--device", "cuda", "--steps", "3")
+    assert p.returncode == 0, p.stderr
+    env = {**os.environ, "TILESMITH_FORK_WORKERS": "on", "TILESMITH_HOME": str(tmp_path / "home")}
+    p = subprocess.run([sys.executable, "-m", "tilesmith_cli.app", "optimize", "-w", str(ws), "--json",
+                        "--max-minutes", "1.5"], capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = json.loads(p.stdout[p.stdout.index("{"):])
+    (track,) = run["tracks"]
+    tdir = tmp_path / "home" / "runs" / run["run_id"] / track["key"] / "profiles"
+    variants = [json.loads(line) for line in (tdir / "tuner_variants.jsonl").read_text().splitlines()] \
+        if (tdir / "tuner_variants.jsonl").exists() else []
+    assert not track["profile_error"] and track["baseline_ms"], track
+    assert variants and any(v.get("median_ms") for v in variants), (track, variants[:3])

@@ -48,6 +48,9 @@ def optimize(
                     console.err.print(f"run {kw['run_id']}: {kw['graphs']} graph(s)")
                 elif kind == "profile":
                     status.update(f"profiling {kw['key'][:12]} ...")
+                elif kind == "profile-failed":
+                    console.err.print(f"  {kw['key'][:12]}: baseline profile failed, the track runs without one: "
+                                      f"{kw['error'][:300]}")
                 elif kind == "candidate":
                     best = f", best {t.speedup:.3f}x" if t.speedup else ""
                     status.update(f"{t.key[:12]}: loop {t.loops_done + 1}, candidate {t.candidates}{best}: judging {kw['label'][:60]}")
