@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -49,7 +50,8 @@ def capture_optimize_install(script: str, script_args: list[str], ws: str, optim
 def serve(fn, call_args: tuple, sync, out_file: str, extra=None, grad: bool = False) -> None:
     """Worker side of `measure_in_processes`: save one output, then time `fn` on request.
 
-    Protocol on stdin/stdout, one line each: "time N" -> per-call ms of N back-to-back calls;
+    Protocol on stdin/stdout, one line each: "time N [W]" -> per-call ms of N back-to-back calls (after W
+    untimed ones: the GPU's clocks and the caches warm again after the worker waited for its turn);
     "profile N" -> a JSON line of `profile` (is the step host- or GPU-bound?); "quit" -> a JSON line
     of `extra()` (e.g. runtime stats), then exit. grad: run with autograd on (a training step that
     calls backward itself).
@@ -66,6 +68,8 @@ def serve(fn, call_args: tuple, sync, out_file: str, extra=None, grad: bool = Fa
         for line in sys.stdin:
             cmd = line.split()
             if cmd[0] == "time":
+                for _ in range(int(cmd[2]) if len(cmd) > 2 else 0):
+                    step()
                 print(ms_per_call(step, sync, int(cmd[1])), flush=True)
             elif cmd[0] == "profile":
                 print(json.dumps(profile(step, sync, int(cmd[1]), out.is_cuda)), flush=True)
@@ -139,12 +143,17 @@ def device_summary(events, n: int) -> dict:
 
 
 def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, calls: int,
-                         min_rounds: int = 10, profile_calls: int = 0) -> tuple[dict, dict, dict]:
+                         min_rounds: int = 10, profile_calls: int = 0,
+                         min_sample_ms: float = 0.0) -> tuple[dict, dict, dict]:
     """Each path in its own process (Dynamo caches and the runtime hook cannot leak between paths),
     timed in interleaved rounds, the first of each round rotating. `worker_cmd(name, out_file)` is
     the command line of one worker. Returns (samples ms per path, max |error| vs names[0], extras).
     profile_calls: then profile each path over that many calls (`profile`), in its extras' "profile";
     a worker that dies there (a crash in the profiler) is an error in it, the samples are kept.
+    min_sample_ms: each path's sample is then as many calls (at least `calls`) as last that long, after a
+    quarter as many untimed ones: ten 0.1-ms CUDA-graph replays right after another process had the GPU
+    measured 0.238 ms per call where fifty back to back measured 0.131 (the H200, session 11). Each
+    path's calls per sample and warm-up calls are in its extras' "sampling".
     """
     import torch
 
@@ -169,12 +178,16 @@ def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, 
         ref = torch.load(procs[names[0]][1])
         errors = {n: float((torch.load(f) - ref).abs().max()) for n, (_, f) in procs.items()}
         samples = {n: [] for n in names}
+        plan = {n: (calls, 0) for n in names}  # path -> (calls per sample, untimed calls before it)
+        if min_sample_ms:
+            for n in names:
+                probe = float(ask(procs[n][0], f"time {calls}"))
+                k = max(calls, min(100_000, math.ceil(min_sample_ms / max(probe, 1e-6))))
+                plan[n] = (k, k // 4)
         deadline, r = time.monotonic() + seconds, 0
         while time.monotonic() < deadline or r < min_rounds:
             for n in names[r % len(names):] + names[: r % len(names)]:
-                p = procs[n][0]
-                p.stdin.write(f"time {calls}\n")
-                samples[n].append(float(p.stdout.readline()))
+                samples[n].append(float(ask(procs[n][0], "time {} {}".format(*plan[n]))))
             r += 1
         profiles = {}  # every path before any quits: an exiting worker does not disturb another's profile
         if profile_calls:
@@ -185,6 +198,7 @@ def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, 
         for n, (p, _) in procs.items():
             line = ask(p, "quit")
             extras[n] = json.loads(line) if line else {"error": f"worker exited (exit {p.poll()})"}
+            extras[n]["sampling"] = {"calls": plan[n][0], "warmup": plan[n][1]}
             if n in profiles:
                 extras[n]["profile"] = profiles[n]
         return samples, errors, extras

@@ -13,8 +13,8 @@ MLP without libraries, for smoke runs on CPU).
 
 Per model: for each mode in --tilesmith-on, the public flow (capture the `model` subcommand, optimize
 with --max-minutes, install) into its own TILESMITH_HOME; then every path in its own process, timed in
-interleaved rounds (benchmarks/flow.py): eager, `compile <mode>` for each of --modes, `tilesmith on
-<mode>` (the same compile with `import tilesmith.runtime`); then each path profiled over
+interleaved rounds (benchmarks/flow.py; each sample at least --min-sample-ms of back-to-back steps
+after a quarter as many untimed ones): eager, `compile <mode>` for each of --modes, `tilesmith on <mode>` (the same compile with `import tilesmith.runtime`); then each path profiled over
 --profile-calls steps (default 50 on CUDA, none on CPU): the time to issue a step, the GPU's busy time
 per step (the union of its kernels' intervals), kernels per step, and whether the step is GPU-bound or
 waits on the host and on gaps between kernels (what a ratio to a compile mode alone does not say). A
@@ -207,7 +207,8 @@ def run_model(name: str, p: dict, out: Path, a) -> dict:
     (out / name).mkdir(parents=True, exist_ok=True)
     try:
         samples, errors, extras = flow.measure_in_processes(cmd, names, str(out / name), a.seconds, a.calls,
-                                                            min_rounds=a.min_rounds, profile_calls=p["profile_calls"])
+                                                            min_rounds=a.min_rounds, profile_calls=p["profile_calls"],
+                                                            min_sample_ms=a.min_sample_ms)
     except SystemExit as e:
         res["errors"].append(f"timing: {e}")
         return res
@@ -216,6 +217,7 @@ def run_model(name: str, p: dict, out: Path, a) -> dict:
     if p["profile_calls"]:
         print(f"\n{name}: where a step goes, {p['profile_calls']} steps profiled per path")
         res["profile"] = profile_table({n: extras[n].pop("profile") for n in names})
+    res["sampling"] = {n: extras[n].pop("sampling", None) for n in names}
     res["runtime"] = {n: extras[n] for n in names if n.startswith("tilesmith on ")}
     res.update(headline(res))
     return res
@@ -345,6 +347,9 @@ def main() -> int:
     r.add_argument("--seconds", type=float, default=8.0, help="timing budget per model, interleaved rounds")
     r.add_argument("--calls", type=int, default=10, help="steps per timed sample")
     r.add_argument("--min-rounds", type=int, default=10)
+    r.add_argument("--min-sample-ms", type=float, default=25.0,
+                   help="each timed sample is as many steps (at least --calls) as last this long, after a quarter "
+                        "as many untimed ones (0: --calls steps, no warm-up)")
     r.add_argument("--profile-calls", type=int, default=None,
                    help="steps profiled per path after the timing, host- or GPU-bound (default: 50 on CUDA, 0 on CPU)")
     r.add_argument("--optimizer", default="tuner", choices=["tuner", "agent"])

@@ -62,9 +62,11 @@ def test_each_worker_answers_profile_with_host_and_wall_time_and_no_gpu_figures_
                 "--out", out_file]
 
     samples, errors, extras = flow.measure_in_processes(cmd, ["eager"], str(tmp_path), 0.0, 2, min_rounds=2,
-                                                        profile_calls=5)
+                                                        profile_calls=5, min_sample_ms=5.0)
     assert len(samples["eager"]) == 2 and errors == {"eager": 0.0}
     prof = extras["eager"].pop("profile")
+    sampling = extras["eager"].pop("sampling")  # a sample of >= 5 ms of steps, a quarter as many untimed first
+    assert sampling["calls"] >= 2 and sampling["warmup"] == sampling["calls"] // 4
     assert extras["eager"] == {}  # the worker's own extras are unchanged beside it
     assert "error" not in prof, prof
     assert prof["host_ms"] > 0 and prof["wall_ms"] > 0
