@@ -396,12 +396,16 @@ def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets:
 def _compare(p: Pass, named_sets: list, got: dict, base: dict, ref64, pair) -> list[Reason]:
     """Every set, then the same-buffer pair; fills p.correctness and returns the reasons to reject."""
     from tilesmith.gate import correctness
+    from tilesmith.gate.inputs import thread_pool
 
     reasons = []
     if len(got["sets"]) != len(named_sets):
         return [Reason("protocol", f"the candidate worker returned {len(got['sets'])} sets, not {len(named_sets)}")]
-    for k, (name, _) in enumerate(named_sets):
-        r = correctness.compare_set(name, got["sets"][k], base["sets"][k], ref64[k] if ref64 else None)
+    # The sets side by side on threads (pure comparisons in float64; a training graph's gradients took
+    # ~9 s a pass one after another on the H200), summaries and reasons kept in the sets' order.
+    results = thread_pool().map(lambda k: correctness.compare_set(named_sets[k][0], got["sets"][k], base["sets"][k],
+                                                                  ref64[k] if ref64 else None), range(len(named_sets)))
+    for r in results:
         p.correctness.append(r.summary)
         reasons += r.reasons
     i, j = pair

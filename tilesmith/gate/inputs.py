@@ -62,13 +62,24 @@ _POOL: dict = {}
 _BIG = 1 << 16  # elements: a tensor this large is drawn on a pool thread (torch's CPU kernels drop the GIL)
 
 
+def thread_pool():
+    """This process's threads for the deciding process's tensor work (drawing sets, comparing outputs):
+    torch's CPU kernels drop the GIL, so big tensors are worked on side by side. One per process id: a
+    forked child (a program's data loader) has none of its parent's threads."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = _POOL.get(os.getpid())
+    if pool is None:
+        pool = _POOL[os.getpid()] = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
+                                                       thread_name_prefix="tilesmith-gate")
+    return pool
+
+
 def _filled(captured: list, infos: list, kind: str, set_seed: int, keep: dict | None = None) -> list:
     """One set: every input drawn by `_fill` from its own generator (seeded by the set's seed and its
     position, so the values do not depend on which thread drew them), big ones side by side on threads;
     the positions in `keep` take the given tensor instead."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
     def one(j: int):
         if keep is not None and j in keep:
             return keep[j]
@@ -78,10 +89,7 @@ def _filled(captured: list, infos: list, kind: str, set_seed: int, keep: dict | 
            and not (keep is not None and j in keep)]
     if len(big) < 2:
         return [one(j) for j in range(len(captured))]
-    pool = _POOL.get(os.getpid())  # a forked child (a program's data loader) has none of its parent's threads
-    if pool is None:
-        pool = _POOL[os.getpid()] = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
-                                                       thread_name_prefix="tilesmith-inputs")
+    pool = thread_pool()
     futures = {j: pool.submit(one, j) for j in big}
     return [futures[j].result() if j in futures else one(j) for j in range(len(captured))]
 
