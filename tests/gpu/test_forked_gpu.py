@@ -87,3 +87,24 @@ def test_gpu_the_optimize_flow_with_forked_workers_profiles_and_screens(tmp_path
         if (tdir / "tuner_variants.jsonl").exists() else []
     assert not track["profile_error"] and track["baseline_ms"], track
     assert variants and any(v.get("median_ms") for v in variants), (track, variants[:3])
+
+
+def test_gpu_forked_profile_and_screen_workers_run_a_captured_graph(tmp_path, monkeypatch):
+    """The two workers of the optimize flow that failed when forked for CUDA on the H200 (session 11),
+    called directly, so a failure shows the worker's own last lines (the flow test above shows the track)."""
+    from tilesmith import forked
+    from tilesmith.errors import TilesmithError
+    from tilesmith.profile import profile_graphs
+    from tilesmith.search.measure import screen
+
+    monkeypatch.setenv("TILESMITH_FORK_WORKERS", "on")
+    ws = tmp_path / "ws"
+    p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--device", "cuda", "--steps", "3")
+    assert p.returncode == 0, p.stderr
+    graph = h.graph_of(ws)
+    (prof,) = profile_graphs([graph], timeout_s=300)
+    assert not isinstance(prof, TilesmithError), str(prof)
+    assert forked._zygotes and not forked._failed, forked._failed  # it was forked
+    text = (graph / "wrapper.py").read_text()
+    (r,) = screen(graph, [("original", text)], budget_s=1.0, timeout_s=300)
+    assert r.median_ms and not r.error, r.error
