@@ -300,3 +300,23 @@ def test_a_failed_baseline_profile_and_failed_screens_are_named_in_the_track(ove
     assert "the baseline profile failed: profiling abc failed" in t.reason
     saved = json.loads((runs.track_dir(r.run_id, t.key).parent / "run.json").read_text())["graphs"][t.key]
     assert saved["reason"] == t.reason and saved["profile_error"] == t.profile_error
+
+
+def test_no_decision_starts_after_the_budget_ran_out_while_a_candidate_was_proposed():
+    """A screen can take minutes on a GPU: a candidate proposed past --max-minutes is not judged."""
+    from tilesmith.search import drive
+
+    class Clock:
+        late = False
+
+        def expired(self):
+            return self.late
+
+    clock, judged = Clock(), []
+
+    def propose():
+        clock.late = True  # the proposal (screens) ran past the budget
+        yield Candidate("text", "late")
+
+    assert drive(propose(), clock, 1, lambda c: judged.append(c) or {"accepted": True}) == ("interrupted", "")
+    assert judged == []

@@ -95,6 +95,8 @@ def drive(candidates: Generator[Candidate, dict, None], track: Track, loops: int
             cand = candidates.send(verdict) if verdict is not None else next(candidates)
         except StopIteration:
             return ("exhausted" if loops_done == 0 else "done"), "the optimizer has nothing more to try"
+        if track.expired():  # the budget ran out while it was proposed (screens take a while): no decision
+            return "interrupted", ""  # starts after the budget; one already started finishes
         verdict = submit(cand)
         loops_done += bool(verdict.get("accepted"))
     return "done", ""
