@@ -165,6 +165,16 @@ def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, 
             return ""
         return p.stdout.readline()
 
+    def ms(n: str, request: str) -> float:
+        """A timing reply; a worker that died or answered something else ends this model's timing, clearly."""
+        p = procs[n][0]
+        line = ask(p, request)
+        try:
+            return float(line)
+        except ValueError:
+            raise SystemExit(f"path '{n}' {'exited' if not line else 'answered ' + repr(line[:200])} during timing "
+                             f"(exit {p.poll()})") from None
+
     procs = {}
     for name in names:
         out_file = f"{out_dir}/{name.replace(' ', '_')}.pt"
@@ -180,14 +190,14 @@ def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, 
         samples = {n: [] for n in names}
         plan = {n: (calls, 0) for n in names}  # path -> (calls per sample, untimed calls before it)
         if min_sample_ms:
-            for n in names:
-                probe = float(ask(procs[n][0], f"time {calls}"))
+            for n in names:  # the smaller of two probes: the first call after an idle wait runs slow
+                probe = min(ms(n, f"time {calls}"), ms(n, f"time {calls}"))
                 k = max(calls, min(100_000, math.ceil(min_sample_ms / max(probe, 1e-6))))
                 plan[n] = (k, k // 4)
         deadline, r = time.monotonic() + seconds, 0
         while time.monotonic() < deadline or r < min_rounds:
             for n in names[r % len(names):] + names[: r % len(names)]:
-                samples[n].append(float(ask(procs[n][0], "time {} {}".format(*plan[n]))))
+                samples[n].append(ms(n, "time {} {}".format(*plan[n])))
             r += 1
         profiles = {}  # every path before any quits: an exiting worker does not disturb another's profile
         if profile_calls:

@@ -190,3 +190,16 @@ def test_timing_contents_draw_weights_once_share_them_and_no_value_depends_on_th
     serial = I.make_sets(meta, [w, x, y], seed=3)
     for (name, a), (_, b) in zip(threaded, serial):
         assert all(torch.equal(p, q) for p, q in zip(a, b)), name
+
+
+def test_inputs_near_float32s_limit_are_drawn_without_overflowing():
+    """An attention mask filled with finfo(float32).min (std ~1.7e38): drawn in float32, mean + spread * z
+    overflowed to inf in most rows (a softmax row with one +inf is all NaN, and NaN elements are left out
+    of the comparison); such inputs are drawn in float64, as before."""
+    lo = torch.finfo(torch.float32).min
+    mask = torch.triu(torch.full((128, 128), lo), diagonal=1)
+    meta = {"inputs": [{"kind": "tensor", "parameter": False,
+                        "range": {"min": lo, "max": 0.0, "mean": float(mask.double().mean()), "std": float(mask.double().std())}}]}
+    sets = dict(make_sets(meta, [mask], seed=0))
+    assert bool(torch.isfinite(sets["uniform-1"][0]).all())
+    assert float((sets["normal-0"][0] == float("inf")).float().mean()) < 0.01  # 2.2 % when drawn in float32

@@ -320,3 +320,20 @@ def test_no_decision_starts_after_the_budget_ran_out_while_a_candidate_was_propo
 
     assert drive(propose(), clock, 1, lambda c: judged.append(c) or {"accepted": True}) == ("interrupted", "")
     assert judged == []
+
+
+def test_submit_judges_nothing_once_the_budget_is_spent_whichever_optimizer_asks(oversub_ws):
+    """The agent's warm start and gate node call submit themselves (not through drive): the budget check
+    is in the one place every decision passes."""
+    seen = []
+
+    def late_submitter(track, settings, submit, *, loops_done=0):
+        track._stop.set()  # the budget (or Ctrl-C) ends while the optimizer is still working
+        seen.append(submit(Candidate(track.best_text, "late")))
+        return "interrupted", ""
+
+    r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner"), optimizer=late_submitter)
+    (v,) = seen
+    assert v["accepted"] is False and v["stage"] == "budget" and "--resume" in v["reasons"][0]["message"]
+    t = r.tracks[0]
+    assert t.candidates == 0 and not list((runs.track_dir(r.run_id, t.key) / "profiles").glob("verdict_*.json"))

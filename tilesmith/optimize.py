@@ -261,6 +261,7 @@ def _order_by_time(r: _Run, graphs):
                 r.note("profile-failed", key=g.key, error=str(p))
                 continue
             write_json(runs.track_dir(r.run_id, g.key) / "profiles" / "baseline.json", p.to_dict())
+            (runs.track_dir(r.run_id, g.key) / "profiles" / "baseline_error.json").unlink(missing_ok=True)
             times[g.key] = p.wall_ms * g.seen
     return sorted(graphs, key=lambda g: -times.get(g.key, 0.0))
 
@@ -298,6 +299,7 @@ def _run_track(r: _Run, g, t: TrackResult) -> None:
 
         track.profile = Profile.from_dict(base)
         t.baseline_ms = track.profile.wall_ms
+        t.profile_error = ""  # a resumed run profiled it since
     elif (track.profiles / "baseline_error.json").exists():
         t.profile_error = str(json.loads((track.profiles / "baseline_error.json").read_text()).get("error", ""))
     best_file = track.dir / "best.py"
@@ -327,7 +329,14 @@ def _failed_screens(track: Track) -> str:
     f = track.profiles / "tuner_variants.jsonl"
     if not f.exists():
         return ""
-    rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    rows = []
+    for line in f.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut off by a killed run: not a screen's word either way
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
     errors = [str(v.get("error")) for v in rows if v.get("error")]
     if not rows or len(errors) < len(rows):
         return ""
@@ -339,6 +348,10 @@ def _submit(r: _Run, g, t: TrackResult, track: Track, cand: Candidate) -> dict:
     and on acceptance make it the best so far and credit the loop. Returns the verdict dict."""
     from tilesmith.gate import judge
 
+    if track.expired():  # whichever optimizer proposed it (the agent's warm start and gate node too)
+        return {"accepted": False, "stage": "budget", "graph_key": g.key, "reasons": [{
+            "code": "budget", "message": "not judged: the --max-minutes budget was spent before this decision "
+                                         f"could start; `tilesmith optimize --resume {r.run_id}` carries on"}]}
     best_file = track.dir / "best.py"
     n_verdicts = len(list(track.profiles.glob("verdict_*.json")))
     path = cand.path if getattr(cand, "path", None) else runs.push_attempt(r.run_id, g.key, cand.text)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 
 import torch
 
@@ -59,6 +60,7 @@ def _infos(meta: dict, captured: list) -> list:
 
 
 _POOL: dict = {}
+_POOL_LOCK = threading.Lock()
 _BIG = 1 << 16  # elements: a tensor this large is drawn on a pool thread (torch's CPU kernels drop the GIL)
 
 
@@ -69,11 +71,13 @@ def thread_pool():
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    pool = _POOL.get(os.getpid())
-    if pool is None:
-        pool = _POOL[os.getpid()] = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
-                                                       thread_name_prefix="tilesmith-gate")
-    return pool
+    with _POOL_LOCK:  # several tracks decide at once with --jobs
+        pool = _POOL.get(os.getpid())
+        if pool is None:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+            pool = _POOL[os.getpid()] = ThreadPoolExecutor(max_workers=max(2, min(8, cores)),
+                                                           thread_name_prefix="tilesmith-gate")
+        return pool
 
 
 def _filled(captured: list, infos: list, kind: str, set_seed: int, keep: dict | None = None) -> list:
@@ -131,26 +135,32 @@ def _integers(flat: torch.Tensor, info: dict, kind: str, g) -> torch.Tensor:
     return torch.randint(lo, hi + 1, flat.shape, generator=g, dtype=torch.int64)
 
 
+# Above this magnitude the draws are made in float64: mean + spread * z (or hi - lo) can overflow float32
+# where the value itself fits (an attention mask filled with finfo(float32).min has a std near 1.7e38).
+_F32_SAFE = 1e30
+
+
 def _floats(flat: torch.Tensor, info: dict, kind: str, g) -> torch.Tensor:
     # Drawn in float32 for every float type up to float32 (the values are cast to the input's dtype after),
-    # in float64 only for float64 inputs: half the bytes and twice the speed on the big sets of a training
-    # graph, with the same distribution at the input's own precision.
-    cdt = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    # in float64 for float64 inputs and for magnitudes float32 arithmetic could overflow: half the bytes
+    # and twice the speed on the big sets of a training graph, the same distribution at the input's precision.
     shape = flat.shape
     if kind == "zeros":
-        return torch.zeros(shape, dtype=cdt)
+        return torch.zeros(shape, dtype=torch.float32 if flat.dtype != torch.float64 else torch.float64)
     r = info.get("range") or {}
-    cap = flat.to(cdt)
     if "min" in r and "max" in r:
         lo, hi = r["min"], r["max"]
     else:  # no recorded range: the captured values' own (finite ones)
-        finite = cap[torch.isfinite(cap)]
+        finite = flat[torch.isfinite(flat)]
         lo = r.get("min", float(finite.min()) if finite.numel() else -1.0)
         hi = r.get("max", float(finite.max()) if finite.numel() else 1.0)
     mean = r.get("mean") or 0.0
     std = r.get("std") or 0.0
     if not all(map(math.isfinite, (lo, hi, mean, std))):
         lo, hi, mean, std = -1.0, 1.0, 0.0, 1.0
+    big = max(abs(lo), abs(hi), abs(mean), abs(std)) > _F32_SAFE
+    cdt = torch.float64 if flat.dtype == torch.float64 or big else torch.float32
+    cap = flat.to(cdt)
     if kind == "large":
         return cap * _LARGE.get(flat.dtype, 100.0) if not info.get("parameter") else cap
     z = _draw(kind, shape, g, cdt)
