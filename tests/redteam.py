@@ -220,3 +220,17 @@ def hogs_the_cores_from_a_forked_process(text: str) -> str:
     the flag in shared memory: no thread of the worker, no patched attribute, nothing in the worker's process
     state changes; its CPU time counts only in the process tree the parent watches."""
     return _hogging(text, ".share_memory_()", "if torch._dynamo.utils.os.fork() == 0:\n    _hog(_busy)")
+
+
+def misbehaves_only_with_the_captured_weights(text: str, weight: str, weight_head: list, act: str, act_head: list,
+                                              act_absmax: float) -> str:
+    """Right unless the weight `weight` holds exactly its captured values (it compares the first few) while
+    the input `act` holds new values within the captured range: a program's later calls. Then it returns
+    zeros. The captured set keeps the captured input, the random sets move the weights, 'large' scales the
+    input out of range, and the timed calls run moved weights: only a set with the captured weights and
+    new inputs in range ("captured-weights") sees it misbehave."""
+    name = _return_name(text)  # the inputs are deleted as the wrapper goes: judged first, acted on at the end
+    text = _after_clear(text, f"_trojan = ({weight}.flatten()[:{len(weight_head)}].tolist() == {weight_head!r}\n"
+                              f"           and {act}.flatten()[:{len(act_head)}].tolist() != {act_head!r}\n"
+                              f"           and float({act}.abs().max()) <= {2 * act_absmax!r})")
+    return _before_return(text, f"if _trojan:\n    {name} = torch.zeros_like({name})")

@@ -72,6 +72,33 @@ def test_gate_rejects_a_cheat_the_screen_missed_for_the_right_reason(inf_graph, 
     assert v.codes == [code] and v.stage in ((stage,) if isinstance(stage, str) else stage), v.reasons
 
 
+def test_code_that_misbehaves_only_with_the_captured_weights_is_caught_by_the_set_that_has_them(
+        inf_graph, tmp_path, screen_off):
+    """A program's later calls run the captured weights with new inputs; no other correctness set and no
+    timed call has that combination, so code keyed on the exact weights would misbehave only in the program."""
+    import re
+
+    import torch
+
+    from tilesmith import loading
+
+    text = (inf_graph / "wrapper.py").read_text()
+    names = re.search(r"^        (\w+(?:, \w+)*) = args$", text, re.M).group(1).split(", ")
+    data = loading.load_graph_data(inf_graph, device_map="cpu")
+    infos = data.meta["inputs"]
+    w = next(i for i, m in enumerate(infos) if m.get("parameter") and data.inputs[i].numel() >= 8)
+    a = next(i for i, m in enumerate(infos) if not m.get("parameter") and isinstance(data.inputs[i], torch.Tensor))
+    head = lambda t: t.flatten()[:8].tolist()  # noqa: E731
+    cheat = redteam.misbehaves_only_with_the_captured_weights(
+        text, names[w], head(data.inputs[w]), names[a], head(data.inputs[a]), float(data.inputs[a].abs().max()))
+    assert static.screen(cheat) == []  # nothing for the screen to see
+    v = _judge(inf_graph, cheat, tmp_path)
+    assert not v.accepted and v.stage == "correctness" and v.codes == ["wrong-values"], v.reasons
+    assert "captured-weights" in v.reasons[0].message
+    failed = [c.name for c in v.first.correctness if not c.ok]
+    assert failed == ["captured-weights"], failed
+
+
 def test_a_cache_keyed_on_input_values_gains_nothing_because_every_timed_call_sees_new_values(
         inf_graph, tmp_path, screen_off, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -77,7 +77,10 @@ def test_input_sets_keep_layout_and_integer_ranges_and_perturb_parameters():
         {"kind": "symint", "value": 5},
     ]}
     sets = dict(make_sets(meta, [idx, x, w, 5], seed=0, random_sets=4))
-    assert list(sets) == ["captured", "normal-0", "uniform-1", "positive-2", "heavy-3", "zeros", "large"]
+    assert list(sets) == ["captured", "normal-0", "uniform-1", "positive-2", "heavy-3", "zeros", "large",
+                          "captured-weights"]
+    assert torch.equal(sets["captured-weights"][2], w) and sets["captured-weights"][2] is not sets["captured"][2]
+    assert not torch.equal(sets["captured-weights"][1], x)  # the weights as captured, the rest drawn anew
     for name, (i, xx, ww, s) in sets.items():
         assert xx.stride() == x.stride() and xx.shape == x.shape and s == 5
         assert i.dtype == torch.int64 and int(i.min()) >= 3 and int(i.max()) <= 7, name

@@ -35,11 +35,22 @@ def derive_seed(seed: int, *parts) -> int:
 
 
 def make_sets(meta: dict, captured: list, seed: int, random_sets: int = 4) -> list[tuple[str, list]]:
-    """[(name, inputs)]: captured, `random_sets` random sets cycling RANDOM_KINDS, zeros, large. CPU tensors."""
+    """[(name, inputs)]: captured, `random_sets` random sets cycling RANDOM_KINDS, zeros, large, and, for a
+    graph with weights and other inputs, "captured-weights": the weights exactly as captured with the other
+    inputs drawn anew. That is what a program's later calls look like, and the one combination no other
+    set has (the random sets move the weights, the captured set keeps everything, 'large' scales the rest
+    out of range): code that recognised the captured weights and misbehaved only then would pass them all.
+    CPU tensors."""
     infos = _infos(meta, captured)
     edge = derive_seed(seed, "edge")
-    return [("captured", [_cpu_copy(x) for x in captured]), *draw_sets(meta, captured, seed, random_sets),
+    sets = [("captured", [_cpu_copy(x) for x in captured]), *draw_sets(meta, captured, seed, random_sets),
             ("zeros", _filled(captured, infos, "zeros", edge)), ("large", _filled(captured, infos, "large", edge))]
+    weights = parameter_indices(meta)
+    if weights and any(isinstance(x, torch.Tensor) and j not in weights for j, x in enumerate(captured)):
+        keep = {j: _cpu_copy(captured[j]) for j in weights}  # copies of their own: a call may change its inputs
+        sets.append(("captured-weights", _filled(captured, infos, "normal", derive_seed(seed, "captured-weights"),
+                                                 keep)))
+    return sets
 
 
 def draw_sets(meta: dict, captured: list, seed: int, n: int, shared: frozenset | set = frozenset()) -> list:

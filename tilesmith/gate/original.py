@@ -218,5 +218,5 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
 
 
 def rotating(named_sets: list, policy: Policy) -> list:
-    randoms = [s for s in named_sets if s[0] not in ("captured", "zeros", "large")]
+    randoms = [s for s in named_sets if s[0] not in ("captured", "zeros", "large", "captured-weights")]
     return (randoms or named_sets)[: max(1, policy.rotating_sets)]
