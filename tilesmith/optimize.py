@@ -337,7 +337,8 @@ def _failed_screens(track: Track) -> str:
             continue
         if isinstance(row, dict):
             rows.append(row)
-    errors = [str(v.get("error")) for v in rows if v.get("error")]
+    rows = [v for v in rows if "samples" in v]  # screened, not skipped (a variant that did not compile, a duplicate)
+    errors = [str(v.get("error")) for v in rows if v.get("error") and not v.get("median_ms")]
     if not rows or len(errors) < len(rows):
         return ""
     return f"all {len(rows)} screened variants failed to run, the first: {errors[0][:300]}"
