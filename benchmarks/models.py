@@ -14,7 +14,8 @@ MLP without libraries, for smoke runs on CPU).
 Per model: for each mode in --tilesmith-on, the public flow (capture the `model` subcommand, optimize
 with --max-minutes, install) into its own TILESMITH_HOME; then every path in its own process, timed in
 interleaved rounds (benchmarks/flow.py; each sample at least --min-sample-ms of back-to-back steps
-after a quarter as many untimed ones): eager, `compile <mode>` for each of --modes, `tilesmith on <mode>` (the same compile with `import tilesmith.runtime`); then each path profiled over
+after a quarter as many untimed ones): eager, `compile <mode>` for each of --modes, `tilesmith on
+<mode>` (the same compile with `import tilesmith.runtime`); then each path profiled over
 --profile-calls steps (default 50 on CUDA, none on CPU): the time to issue a step, the GPU's busy time
 per step (the union of its kernels' intervals), kernels per step, and whether the step is GPU-bound or
 waits on the host and on gaps between kernels (what a ratio to a compile mode alone does not say). A

@@ -254,14 +254,14 @@ def _order_by_time(r: _Run, graphs):
         with r.timing_lock:
             profiles = profile_graphs([r.ws.graph_dir(g.key) for g in todo])
         for g, p in zip(todo, profiles):
+            prof = runs.track_dir(r.run_id, g.key) / "profiles"
             if isinstance(p, TilesmithError):  # the track still runs, without a profile, and says why
                 times[g.key] = 0.0
-                write_json(runs.track_dir(r.run_id, g.key) / "profiles" / "baseline_error.json",
-                           {"error": str(p), "code": p.code})
+                write_json(prof / "baseline_error.json", {"error": str(p), "code": p.code})
                 r.note("profile-failed", key=g.key, error=str(p))
                 continue
-            write_json(runs.track_dir(r.run_id, g.key) / "profiles" / "baseline.json", p.to_dict())
-            (runs.track_dir(r.run_id, g.key) / "profiles" / "baseline_error.json").unlink(missing_ok=True)
+            write_json(prof / "baseline.json", p.to_dict())
+            (prof / "baseline_error.json").unlink(missing_ok=True)
             times[g.key] = p.wall_ms * g.seen
     return sorted(graphs, key=lambda g: -times.get(g.key, 0.0))
 
@@ -317,31 +317,11 @@ def _run_track(r: _Run, g, t: TrackResult) -> None:
         if t.status == "exhausted" and t.loops_done > 0:
             t.status = "done"
         if t.candidates == 0:  # nothing reached the gate: say what failed on the way, not only "nothing to try"
-            t.reason = "; ".join(x for x in (t.reason, _failed_screens(track),
+            t.reason = "; ".join(x for x in (t.reason, track.failed_screens(),
                                              f"the baseline profile failed: {t.profile_error}" if t.profile_error else "")
                                  if x)
     r.save(t)
     r.note("track", key=g.key, track=t)
-
-
-def _failed_screens(track: Track) -> str:
-    """When every variant the optimizer screened failed to run: how many, and the first error."""
-    f = track.profiles / "tuner_variants.jsonl"
-    if not f.exists():
-        return ""
-    rows = []
-    for line in f.read_text(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:  # a line cut off by a killed run: not a screen's word either way
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    rows = [v for v in rows if "samples" in v]  # screened, not skipped (a variant that did not compile, a duplicate)
-    errors = [str(v.get("error")) for v in rows if v.get("error") and not v.get("median_ms")]
-    if not rows or len(errors) < len(rows):
-        return ""
-    return f"all {len(rows)} screened variants failed to run, the first: {errors[0][:300]}"
 
 
 def _submit(r: _Run, g, t: TrackResult, track: Track, cand: Candidate) -> dict:

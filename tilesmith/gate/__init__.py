@@ -393,40 +393,14 @@ def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets:
     return []
 
 
-COMPARE_BYTES = 4 << 30
-
-
-def _numel(obj) -> int:
-    """Elements of every tensor in a (nested) output set."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.numel()
-    if isinstance(obj, dict):
-        return sum(_numel(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_numel(v) for v in obj)
-    return 0
-
-
 def _compare(p: Pass, named_sets: list, got: dict, base: dict, ref64, pair) -> list[Reason]:
     """Every set, then the same-buffer pair; fills p.correctness and returns the reasons to reject."""
     from tilesmith.gate import correctness
-    from tilesmith.gate.inputs import thread_pool
 
-    reasons = []
     if len(got["sets"]) != len(named_sets):
         return [Reason("protocol", f"the candidate worker returned {len(got['sets'])} sets, not {len(named_sets)}")]
-    # The sets side by side on threads (pure comparisons in float64; a training graph's gradients took
-    # ~9 s a pass one after another on the H200), summaries and reasons kept in the sets' order; as many
-    # at once as the float64 temporaries (about six per output element) fit in COMPARE_BYTES.
-    side = max(1, min(len(named_sets), COMPARE_BYTES // max(1, 48 * _numel(got["sets"][0]))))
-    one = lambda k: correctness.compare_set(named_sets[k][0], got["sets"][k], base["sets"][k],  # noqa: E731
-                                            ref64[k] if ref64 else None)
-    results = []
-    for start in range(0, len(named_sets), side):
-        results += thread_pool().map(one, range(start, min(start + side, len(named_sets))))
-    for r in results:
+    reasons = []
+    for r in correctness.compare_sets([name for name, _ in named_sets], got["sets"], base["sets"], ref64):
         p.correctness.append(r.summary)
         reasons += r.reasons
     i, j = pair

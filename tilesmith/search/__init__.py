@@ -57,6 +57,23 @@ class Track:
         """Log one screened variant (profiles/tuner_variants.jsonl; the report counts these lines)."""
         _append(self.profiles / "tuner_variants.jsonl", variant)
 
+    def failed_screens(self) -> str:
+        """When every variant screened (not skipped: a duplicate, one that did not compile) failed to run:
+        how many, and the first error; else ""."""
+        f = self.profiles / "tuner_variants.jsonl"
+        rows = []
+        for line in (f.read_text(errors="replace").splitlines() if f.exists() else []):
+            try:
+                row = json.loads(line)
+            except ValueError:  # a line cut off by a killed run: not a screen's word either way
+                continue
+            if isinstance(row, dict) and "samples" in row:
+                rows.append(row)
+        errors = [str(v.get("error")) for v in rows if v.get("error") and not v.get("median_ms")]
+        if not rows or len(errors) < len(rows):
+            return ""
+        return f"all {len(rows)} screened variants failed to run, the first: {errors[0][:300]}"
+
     def expired(self) -> bool:
         return self._stop.is_set() or (self._deadline is not None and time.monotonic() > self._deadline)
 
