@@ -33,11 +33,25 @@ def load_graph_data(gdir: Path | str, device_map=None) -> GraphData:
     if not f.exists():
         raise TilesmithError(f"{gdir.name[:12]}: no stored inputs ({meta.get('data_note') or 'data.pt missing'})",
                              code="no-data", hint="capture again (raise --max-input-bytes if the budget was hit)")
+    if device_map is None and "cuda" in str(meta.get("device") or ""):
+        _init_cuda()
     try:
         data = torch.load(f, map_location=device_map, weights_only=False)
     except Exception as e:
         raise TilesmithError(f"{f} is unreadable: {e}", code="corrupt-graph", hint="capture again") from None
     return GraphData(meta, data["inputs"], data["outputs"], data.get("constants", {}), data.get("rng", {}))
+
+
+def _init_cuda() -> None:
+    """Start CUDA before loading CUDA tensors. Before it starts, torch.cuda.device_count() asks NVML, and in a
+    worker forked from the zygote (which imported torch with NVML-based checks) NVML counted no device while
+    the CUDA runtime saw one: torch.load then refused the graph's data ("device_count() is 0"), which failed
+    every forked profile and screen worker on the H200 (session 12). Once CUDA has started the count comes from
+    the CUDA runtime. The gate's workers never met it: they create their CUDA context before loading."""
+    try:
+        torch.cuda.init()
+    except Exception:  # noqa: BLE001 - no usable CUDA: torch.load says so in its own words just below
+        pass
 
 
 def load_module(text: str, constants: dict):
