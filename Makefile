@@ -11,13 +11,15 @@ $(BIN)/tilesmith: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# Never replace a torch that is already there; on a machine with none, take the CPU build 2.13.0.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q numpy pytest -e '.[agent]'
+	$(BIN)/python -m pip install -q numpy pytest pytest-xdist -e '.[agent]'
 	touch $(BIN)/tilesmith
 
 install: $(BIN)/tilesmith
 
+# Two test processes, whole files to each (module fixtures made once): ~12 minutes on a 2-core VM, ~25 in one.
 test: install
-	$(BIN)/python -m pytest -q -x --durations=10
+	$(BIN)/python -m pip show -q pytest-xdist >/dev/null 2>&1 || $(BIN)/python -m pip install -q pytest-xdist
+	$(BIN)/python -m pytest -q -x --durations=10 -n 2 --dist loadfile
 
 demo: install
 	$(BIN)/python examples/demo.py

@@ -12,6 +12,12 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 FIXTURES = ROOT / "tests" / "fixtures"
 
+# rich fixes a console's width from COLUMNS when the console is made (tilesmith_cli.console, at import), and
+# pytest-xdist's workers (make test runs two) start with COLUMNS=80: a test's COLUMNS=200 for one CLI call
+# would then not widen the CLI's tables. Without it in the environment, rich reads COLUMNS at each call.
+for _k in ("COLUMNS", "LINES"):
+    os.environ.pop(_k, None)
+
 
 @pytest.fixture(autouse=True)
 def tilesmith_home(tmp_path, monkeypatch):

@@ -234,3 +234,39 @@ def misbehaves_only_with_the_captured_weights(text: str, weight: str, weight_hea
                               f"           and {act}.flatten()[:{len(act_head)}].tolist() != {act_head!r}\n"
                               f"           and float({act}.abs().max()) <= {2 * act_absmax!r})")
     return _before_return(text, f"if _trojan:\n    {name} = torch.zeros_like({name})")
+
+
+_TS_HOG = """
+_ts = torch._dynamo.utils.torch.jit.CompilationUnit('''
+def hog(busy: Tensor, go: List[Future[Tensor]]) -> Tensor:
+    x = torch.ones(8192)
+    for f in go:
+        torch.jit.wait(f)
+        while int(busy[0]) == 0:
+            x.mul_(1.0)
+    return x
+
+def start(busy: Tensor, go: List[Future[Tensor]]) -> Future[Tensor]:
+    return torch.jit.fork(hog, busy, go)
+''')
+
+
+def _one():
+    return torch.ones(1, dtype=torch.int64)
+
+
+_busy = _one()
+_go = [torch.futures.Future() for _ in range(1 << 15)]
+_hog = _ts.start(_busy, _go)
+
+class Runner:"""
+
+
+def hogs_the_cores_from_torchscripts_pool(text: str) -> str:
+    """The hog once more, as TorchScript forked onto torch's inter-op thread pool (torch.jit reached as an
+    attribute of a torch module): a native thread, which no count of Python threads sees. It waits on a
+    future that each call completes as it returns, then keeps a core busy until the next call starts: the
+    original, timed apart or beside, shares the machine with it; the candidate never does."""
+    text = text.replace("\nclass Runner:", _TS_HOG, 1)
+    text = _after_clear(text, "_busy.fill_(1)")
+    return _before_return(text, "_busy.fill_(0)\n_go[len(self.partitions)].set_result(_busy)\nself.partitions.append(0)")
