@@ -215,6 +215,31 @@ def test_unusable_artifact_falls_back_to_inductors_code_with_one_warning(case, i
     assert w.startswith(f"tilesmith: {k[:12]}: ") and why in w and w.endswith("using Inductor's code")
 
 
+@pytest.mark.parametrize("perturb", [False, True], ids=["agrees", "differs"])
+def test_verify_checks_the_first_calls_against_inductors_code_and_drops_an_artifact_that_differs(
+        perturb, inference_ws, inference_baseline):
+    """TILESMITH_VERIFY=1: the program's first call runs Inductor's code and the artifact side by side; an
+    artifact whose output differs (here +1000, which the gate would reject, installed past it) never
+    reaches the program: it gets Inductor's outputs, one warning, and Inductor's code from then on."""
+    cache, baseline = inference_baseline
+    (k,) = keys(inference_ws)
+    install_direct(inference_ws, k, marker_artifact((inference_ws / "graphs" / k / "wrapper.py").read_text(), k, perturb))
+    p = run(EXAMPLES / "inference.py", "--steps", "3", cache=cache, env={"TILESMITH_VERIFY": "1"})
+    assert p.returncode == 0, p.stderr
+    plain = run(EXAMPLES / "inference.py", "--steps", "3", cache=cache, runtime=False)
+    s = stats_of(p)
+    assert s["substituted"] == 1 and number(p, "checksum") == number(plain, "checksum")
+    v = s["verified"][k]
+    if perturb:
+        assert v["verified_calls"] == 0 and v["failed"].startswith("output 0 differs"), v
+        assert s["marker_hits"] == [k[:12]]  # the artifact ran once, beside Inductor's code, then never
+        (w,) = warnings_in(p)
+        assert "call 1 checked against Inductor's code: output 0 differs" in w and w.endswith("using Inductor's code")
+    else:
+        assert v == {"verified_calls": 1, "within_precision_band": 0, "failed": ""}
+        assert s["marker_hits"] == [k[:12]] * 3 and s["fallbacks"] == [] and warnings_in(p) == []
+
+
 def test_strict_mode_turns_a_fallback_into_an_error(inference_ws, inference_baseline):
     cache, _ = inference_baseline
     (k,) = keys(inference_ws)

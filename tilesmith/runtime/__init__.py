@@ -69,6 +69,8 @@ class RuntimeStats:
     # Substituted artifacts that replay from CUDA graphs (tilesmith.cudagraph), by key: replays, plain
     # calls and why a layout runs plain.
     cuda_graphs: dict = field(default_factory=dict)
+    # With TILESMITH_VERIFY=N, by key: calls checked against Inductor's code, and why a check failed.
+    verified: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,6 +82,7 @@ _warned: set[str] = set()
 _static_env: dict = {}
 _cache_dirs: tuple[str, ...] | None = None
 _graphed: dict = {}  # key -> tilesmith.cudagraph.Graphed of a substituted artifact
+_verified: dict = {}  # key -> tilesmith.runtime.verify.Verified (TILESMITH_VERIFY)
 
 
 def stats() -> RuntimeStats:
@@ -89,7 +92,8 @@ def stats() -> RuntimeStats:
                       "layouts": g.describe()}
                   for k, g in _graphed.items()}
         return RuntimeStats(_stats.graphs_seen, _stats.substituted, _stats.not_installed,
-                            [Fallback(f.key, f.reason) for f in _stats.fallbacks], list(_stats.substituted_keys), graphs)
+                            [Fallback(f.key, f.reason) for f in _stats.fallbacks], list(_stats.substituted_keys), graphs,
+                            {k: v.describe() for k, v in _verified.items()})
 
 
 def strict() -> bool:
@@ -162,6 +166,7 @@ def load_installed(key: str, constants: dict, env: dict | None = None):
 def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
     mod = load_installed(key, graph_constants(g, pc), env)
     call = mod.call
+    inductors = g.current_callable
     g.current_callable = call
     # Graph-partition wrappers: Inductor's post_compile cudagraphifies partitions through these.
     if hasattr(g, "recursively_apply_fns"):
@@ -181,11 +186,18 @@ def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
         if box is not None and bool(box) and hasattr(box, "value"):
             box.value = False
             after = lambda: setattr(box, "value", True)  # noqa: E731
+    from tilesmith.runtime import verify
+
+    n = verify.calls_wanted()
+    if n:  # TILESMITH_VERIFY: the first n calls also run Inductor's code and are compared (runtime/verify.py)
+        g.current_callable = verify.Verified(call, inductors, key, n, getattr(g, "mutated_input_idxs", None), _fallback)
     with _lock:
         _stats.substituted += 1
         _stats.substituted_keys.append(key)
         if isinstance(call, Graphed):
             _graphed[key] = call
+        if n:
+            _verified[key] = g.current_callable
     log.info("tilesmith: %s: loaded the installed artifact instead of Inductor's wrapper", key[:12])
     return after
 

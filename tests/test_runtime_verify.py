@@ -1,0 +1,126 @@
+"""TILESMITH_VERIFY (tilesmith/runtime/verify.py): an artifact's first calls checked against Inductor's
+code in the program itself. Unit tests on wrapper-shaped functions here; the user's flow (a captured
+example, an installed artifact, the program run with the runtime) is in tests/test_runtime.py."""
+
+from __future__ import annotations
+
+import torch
+
+from tilesmith.runtime.verify import Verified, calls_wanted
+
+
+def _wrapper(body):
+    """A wrapper-ABI callable: call(args) takes the list, clears it, returns a tuple."""
+    def call(args):
+        xs = list(args)
+        args.clear()
+        return body(*xs)
+    return call
+
+
+def _verified(fn, original, left=2, mutated=()):
+    fails = []
+    v = Verified(_wrapper(fn), _wrapper(original), "k" * 64, left, mutated, lambda k, why: fails.append(why))
+    return v, fails
+
+
+def test_an_artifact_that_agrees_is_verified_and_the_program_gets_inductors_outputs():
+    v, fails = _verified(lambda x, w: (x @ w,), lambda x, w: ((x @ w).clone(),))
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    args = [x, w]
+    (y,) = v(args)
+    assert args == [] and torch.equal(y, x @ w)
+    v([x, w])
+    v([x, w])  # past the verified calls: the artifact alone
+    assert v.describe() == {"verified_calls": 2, "within_precision_band": 0, "failed": ""} and fails == []
+
+
+def test_an_artifact_that_differs_is_dropped_for_inductors_code_from_that_call_on():
+    calls = {"artifact": 0, "original": 0}
+
+    def artifact(x):
+        calls["artifact"] += 1
+        return (x * 2 + 1000,)
+
+    def original(x):
+        calls["original"] += 1
+        return (x * 2,)
+
+    v, fails = _verified(artifact, original, left=3)
+    x = torch.randn(16)
+    (y,) = v([x])
+    assert torch.equal(y, x * 2)  # the program never saw the artifact's values
+    for _ in range(3):
+        (y,) = v([x])
+        assert torch.equal(y, x * 2)
+    assert calls == {"artifact": 1, "original": 4}
+    assert len(fails) == 1 and "call 1" in fails[0] and "output 0 differs" in fails[0]
+    assert v.describe()["failed"].startswith("output 0 differs")
+
+
+def test_an_artifact_that_raises_or_returns_another_arity_fails_the_check():
+    def boom(x):
+        raise RuntimeError("kernel exploded")
+
+    v, fails = _verified(boom, lambda x: (x + 1,))
+    (y,) = v([torch.zeros(3)])
+    assert torch.equal(y, torch.ones(3)) and "raised RuntimeError: kernel exploded" in fails[0]
+    v, fails = _verified(lambda x: (x + 1, x), lambda x: (x + 1,))
+    v([torch.zeros(3)])
+    assert "2 outputs where Inductor's code returns 1" in fails[0]
+
+
+def test_updates_in_place_happen_once_on_the_programs_tensor_and_are_compared():
+    def update(buf, x):  # a wrapper that updates input 0 in place (a running statistic)
+        buf.mul_(0.5).add_(x)
+        return (buf * 1.0,)
+
+    v, fails = _verified(update, update, mutated=[0])
+    buf, x = torch.ones(5), torch.full((5,), 2.0)
+    v([buf, x])
+    assert torch.equal(buf, torch.full((5,), 2.5)) and fails == []  # once, not twice
+
+    def wrong_update(buf, x):
+        buf.mul_(0.5)  # forgets the add: the returned value happens to be right, the update is not
+        return ((buf + x) * 1.0,)
+
+    v, fails = _verified(wrong_update, update, mutated=[0])
+    buf = torch.ones(5)
+    v([buf, x])
+    assert torch.equal(buf, torch.full((5,), 2.5))  # the program's tensor has Inductor's update
+    assert "input 0 after the call differs" in fails[0]
+
+
+def test_an_artifact_that_writes_an_input_the_graph_does_not_update_fails_the_check():
+    def sneaky(x, w):
+        w.zero_()
+        return (x.sum(0, keepdim=True),)
+
+    v, fails = _verified(sneaky, lambda x, w: (x.sum(0, keepdim=True),))
+    v([torch.ones(3, 2), torch.ones(2)])
+    assert "input 1 changed, which the graph does not update" in fails[0]
+
+
+def test_random_draws_see_the_same_state_and_the_programs_rng_moves_as_with_inductors_code_alone():
+    def rand_like(x):
+        return (x + torch.rand(x.shape),)
+
+    v, fails = _verified(rand_like, rand_like)
+    torch.manual_seed(7)
+    v([torch.zeros(6)])
+    after_verified = torch.rand(3)
+    torch.manual_seed(7)
+    rand_like(torch.zeros(6))
+    assert fails == [] and torch.equal(after_verified, torch.rand(3))
+
+
+def test_a_sum_reordered_past_the_fixed_tolerance_is_counted_not_acted_on():
+    v, fails = _verified(lambda x: (x * (1 + 1e-4),), lambda x: (x * 1.0,))
+    v([torch.randn(64)])
+    assert fails == [] and v.describe()["within_precision_band"] == 1 and v.describe()["verified_calls"] == 1
+
+
+def test_the_setting_reads_a_count_and_ignores_what_is_not_one(monkeypatch):
+    for value, want in (("", 0), ("3", 3), ("0", 0), ("-2", 0), ("lots", 0)):
+        monkeypatch.setenv("TILESMITH_VERIFY", value)
+        assert calls_wanted() == want
