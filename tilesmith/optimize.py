@@ -251,8 +251,10 @@ def _order_by_time(r: _Run, graphs):
     if todo and not r.expired():
         for g in todo:
             r.note("profile", key=g.key)
+        t0 = time.monotonic()
         with r.timing_lock:
             profiles = profile_graphs([r.ws.graph_dir(g.key) for g in todo])
+        batch_s = round(time.monotonic() - t0, 1)  # the worker's whole run, its start included, all graphs
         for g, p in zip(todo, profiles):
             prof = runs.track_dir(r.run_id, g.key) / "profiles"
             if isinstance(p, TilesmithError):  # the track still runs, without a profile, and says why
@@ -260,6 +262,7 @@ def _order_by_time(r: _Run, graphs):
                 write_json(prof / "baseline_error.json", {"error": str(p), "code": p.code})
                 r.note("profile-failed", key=g.key, error=str(p))
                 continue
+            p.phases_s.update(batch_wall_s=batch_s, batch_graphs=len(todo))
             write_json(prof / "baseline.json", p.to_dict())
             (prof / "baseline_error.json").unlink(missing_ok=True)
             times[g.key] = p.wall_ms * g.seen

@@ -53,6 +53,7 @@ class Profile:
     headroom_ms: float = 0.0  # summed kernel headroom (roofline), per call
     ceilings: dict = field(default_factory=dict)  # roofline.Ceilings.to_dict(): measured or datasheet
     counters: str = ""  # whether hardware counters (ncu) were readable, said plainly
+    phases_s: dict = field(default_factory=dict)  # the worker's seconds per phase (load, warm_up, wall, ...)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -137,4 +138,4 @@ def summarize(raw: dict) -> Profile:
     return Profile(raw["key"], raw["device"], wall_ms, total, overhead, share, kernels, wall,
                    gap_ms=gap / 1e6 if gap is not None else None, klass=roofline.graph_class(share, kernels),
                    headroom_ms=sum(k.headroom_ms or 0.0 for k in kernels), ceilings=dict(ceil or {}),
-                   counters=str(raw.get("counters") or ""))
+                   counters=str(raw.get("counters") or ""), phases_s=dict(raw.get("phases_s") or {}))

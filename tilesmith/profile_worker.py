@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import torch
 
@@ -154,16 +155,27 @@ class _ExternProxy:
 def main(gdir: str, src_file: str, calls: int) -> dict:
     from tilesmith import roofline
 
+    phases, t0 = {}, time.perf_counter()
+
+    def phase(name: str) -> None:  # where a profile's seconds go (a GPU profile of 4 graphs took 2 minutes)
+        nonlocal t0
+        phases[name] = round(time.perf_counter() - t0, 3)
+        t0 = time.perf_counter()
+
     data = loading.load_graph_data(gdir)
     text = open(src_file).read()
     mod = loading.load_module(text, data.constants)
     args = loading.clone_args(data.inputs)
     device = clock.device_of(args)
     cuda, sync = device != "cpu", clock.device_sync(device)
+    phase("load")
     with torch.no_grad():
         for _ in range(3):  # warm-up: first Triton calls autotune and compile
             mod.call(list(args))
+        sync()
+        phase("warm_up")
         wall = [clock.timed(lambda: mod.call(list(args)), 1, sync) for _ in range(calls)]
+        phase("wall")
         wrapper = source.split_header(text)[1]
         originals = {k: getattr(mod, k) for k in [k.name for k in find_kernels(wrapper)] + ["extern_kernels"]
                      if hasattr(mod, k)}
@@ -175,8 +187,10 @@ def main(gdir: str, src_file: str, calls: int) -> dict:
         meta.on = False
         for k, v in originals.items():  # time the kernels themselves, not the recording proxies
             setattr(mod, k, v)
+        phase("record_arguments")
         if cuda:
             kernels, gap_ns = _device_kernels(mod, wrapper, args, calls)
+            phase("device_profile")
             # A second profiled pass with each launch in a range named after its wrapper line credits
             # library kernels to the extern call that ran them (its overhead stays out of the gaps).
             for k, v in proxies.items():
@@ -185,14 +199,18 @@ def main(gdir: str, src_file: str, calls: int) -> dict:
             _credit_library_kernels(_profiled_events(mod, args, calls), kernels, calls)
             for k, v in originals.items():
                 setattr(mod, k, v)
+            phase("library_credit")
         else:
             kernels, gap_ns = _cpu_kernels(mod, wrapper, args, calls), None
+            phase("kernel_times")
     for name, m in meta.stats.items():
         if name in kernels:
             kernels[name].update(bytes=m["bytes"], flops=m["flops"], dtype=m["dtype"], sites=m["sites"])
+    ceilings = _ceilings(device)
+    phase("ceilings")
     return {"key": data.meta["key"], "device": data.meta["device"], "wall_ns": wall, "kernels": kernels,
-            "profiled_calls": calls, "gap_ns": gap_ns, "ceilings": _ceilings(device),
-            "counters": roofline.counters_note(cuda)}
+            "profiled_calls": calls, "gap_ns": gap_ns, "ceilings": ceilings,
+            "counters": roofline.counters_note(cuda), "phases_s": phases}
 
 
 _CEILINGS: dict = {}  # device -> measured ceilings: once per process, however many graphs it profiles
