@@ -206,3 +206,68 @@ def test_inputs_near_float32s_limit_are_drawn_without_overflowing():
     sets = dict(make_sets(meta, [mask], seed=0))
     assert bool(torch.isfinite(sets["uniform-1"][0]).all())
     assert float((sets["normal-0"][0] == float("inf")).float().mean()) < 0.01  # 2.2 % when drawn in float32
+
+
+def _compare_values_before(cand, orig, ref=None):
+    """compare_values as it was before the float32 fast path (session 11), for the test below."""
+    from tilesmith.gate import correctness as cr
+
+    if cand.shape != orig.shape or cand.dtype != orig.dtype:
+        return cr.ValueCheck(False, why="values")
+    c, o = cand.to(torch.float64), orig.to(torch.float64)
+    if not (torch.equal(c.isnan(), o.isnan()) and torch.equal(c.isinf() & (c > 0), o.isinf() & (o > 0))
+            and torch.equal(c.isinf() & (c < 0), o.isinf() & (o < 0))):
+        return cr.ValueCheck(False, float("inf"), float("inf"), why="nonfinite")
+    fin = torch.isfinite(o)
+    if not bool(fin.any()):
+        return cr.ValueCheck(True)
+    c, o = c[fin], o[fin]
+    diff = (c - o).abs()
+    scale = max(float(o.abs().max()), 1e-30)
+    rtol, atol = cr._TOL.get(orig.dtype, (1e-3, 1e-3))
+    allowed = rtol * o.abs() + atol * scale
+    res = cr.ValueCheck(bool((diff <= allowed).all()), float(diff.max()), float(diff.max()) / scale, float(allowed.max()))
+    if ref is not None:
+        r = ref.to(torch.float64)[fin]
+        rscale = max(float(r.abs().max()), 1e-30)
+        res.ref_cand, res.ref_orig = float((c - r).abs().max()), float((o - r).abs().max())
+        floor = cr.REF64_FLOOR_EPS * cr._EPS.get(orig.dtype, 1e-3) * rscale
+        res.allowed = cr.REF64_FACTOR * res.ref_orig + floor
+        res.ok = res.ref_cand <= res.allowed
+        if orig.dtype in (torch.float16, torch.bfloat16):
+            rms_c, rms_o = float((c - r).square().mean().sqrt()), float((o - r).square().mean().sqrt())
+            if res.ok and rms_c > cr.REF64_RMS_FACTOR * rms_o + floor / 20:
+                res.ok = False
+    if not res.ok:
+        band = max(cr.PRECISION_BAND, 16 * cr._EPS.get(orig.dtype, 0.0))
+        res.why = "precision" if res.rel_error < band else "values"
+    return res
+
+
+def test_value_comparison_decides_as_before_its_float32_fast_path():
+    """Half-precision outputs are now compared in float32 and all-finite outputs skip the non-finite
+    checks: the same decisions as the float64 comparison on outputs right, near the tolerance, lower
+    precision, wrong, with NaN and inf (matching or not), with and without a float64 reference."""
+    g = torch.Generator().manual_seed(3)
+    cases = 0
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        rtol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 2e-5, torch.float64: 1e-10}[dtype]
+        for shape in ((), (7,), (33, 65)):
+            for rel in (0.0, 0.3 * rtol, 0.9 * rtol, 1.5 * rtol, 5 * rtol, 0.5):
+                for special in ("none", "nan-both", "inf-both", "nan-cand"):
+                    ref = torch.randn(shape, generator=g, dtype=torch.float64) * 3
+                    orig = ref.to(dtype)
+                    noise = torch.randn(shape, generator=g, dtype=torch.float64) * rel * ref.abs().clamp(min=1e-3)
+                    cand = (ref + noise).to(dtype)
+                    if special != "none" and orig.numel() > 1:
+                        bad = float("nan") if special.startswith("nan") else float("inf")
+                        orig.view(-1)[0] = bad if special != "nan-cand" else orig.view(-1)[0]
+                        cand.view(-1)[0] = bad
+                    for r in (None, ref):
+                        new, old = compare_values(cand, orig, r), _compare_values_before(cand, orig, r)
+                        assert (new.ok, new.why) == (old.ok, old.why), (dtype, shape, rel, special, r is None, new, old)
+                        if old.abs_error not in (0.0, float("inf")):
+                            assert abs(new.abs_error - old.abs_error) <= 1e-6 * old.abs_error + 1e-30
+                        cases += 1
+    assert cases == 4 * 3 * 6 * 4 * 2
+    assert compare_values(torch.empty(0, 3), torch.empty(0, 3)).ok
