@@ -111,7 +111,7 @@ def paths(fn, ws, xs, torch):
 
 def pieces(fn, ws, xs, torch) -> dict:
     """Host time of each step of a lean replay on its own (us per call; launches synchronised at the end)."""
-    from tilesmith import cudagraph as cg
+    from tilesmith import cudagraph_record as cg_rec
 
     args = [xs[0], *ws]
     idx = list(range(1, len(args)))
@@ -124,10 +124,10 @@ def pieces(fn, ws, xs, torch) -> dict:
     with torch.cuda.graph(g):
         dst.add_(1)
     calls = {
-        f"address check, {len(idx)} inputs (C++)": lambda: cg._ptrs_equal(args, ptrs, idx),
+        f"address check, {len(idx)} inputs (C++)": lambda: cg_rec._ptrs_equal(args, ptrs, idx),
         f"address check, {len(idx)} inputs (Python data_ptr)": lambda: [dp(args[i]) for i in idx] == want,
         f"address check, all {len(args)} (map data_ptr)": lambda: list(map(dp, args)) == every,
-        "storage use count (one output)": lambda: cg._use_count(st._cdata),
+        "storage use count (one output)": lambda: cg_rec._use_count(st._cdata),
         "current raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
         "capturing check": lambda: torch._C._cuda_isCurrentStreamCapturing(),
         "detach (one output)": lambda: ws[0].detach(),

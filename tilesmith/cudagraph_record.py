@@ -59,10 +59,14 @@ class _Record:
         except torch.cuda.OutOfMemoryError:
             # The cache kept for the caller cannot be given back while a capture is under way, and the graph's
             # pool needed new memory: give it back now and capture once more, as torch.cuda.graph would have.
+            self.own, self.graph = {}, None  # the failed capture's buffers go first
+            static.clear()
             torch.cuda.empty_cache()
             self.graph = torch.cuda.CUDAGraph()
             out = _capture(self.graph, pool, run, lay.dev_idx)
-        grew = torch.cuda.memory_reserved(lay.device) - reserved0
+        # The copied inputs' buffers are not counted: they were allocated before reserved0 until session 12.
+        own = sum(b.untyped_storage().nbytes() for b in self.own.values())
+        grew = torch.cuda.memory_reserved(lay.device) - reserved0 - own
         if grew > MAX_GRAPH_BYTES:
             raise _NotGraphable(f"the graph would keep {grew >> 20} MiB of device memory reserved")
         by_dtype: dict = {}

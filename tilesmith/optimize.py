@@ -251,10 +251,10 @@ def _order_by_time(r: _Run, graphs):
     if todo and not r.expired():
         for g in todo:
             r.note("profile", key=g.key)
-        t0 = time.monotonic()
         with r.timing_lock:
+            t0 = time.monotonic()
             profiles = profile_graphs([r.ws.graph_dir(g.key) for g in todo])
-        batch_s = round(time.monotonic() - t0, 1)  # the worker's whole run, its start included, all graphs
+            batch_s = round(time.monotonic() - t0, 1)  # the worker's whole run, its start included, all graphs
         for g, p in zip(todo, profiles):
             prof = runs.track_dir(r.run_id, g.key) / "profiles"
             if isinstance(p, TilesmithError):  # the track still runs, without a profile, and says why

@@ -38,8 +38,9 @@ class ValueCheck:
     dtype: str = ""
 
 
-def compare_values(cand, orig, ref=None) -> ValueCheck:
-    """One output (or input-after) value: exact for non-floats; dtype tolerances; float64 calibration."""
+def compare_values(cand, orig, ref=None, slack: float = 1.0) -> ValueCheck:
+    """One output (or input-after) value: exact for non-floats; dtype tolerances (times `slack`); float64
+    calibration."""
     if not isinstance(orig, torch.Tensor) or not isinstance(cand, torch.Tensor):
         return ValueCheck(cand == orig if not isinstance(cand, torch.Tensor) else False, why="values")
     if cand.shape != orig.shape or cand.dtype != orig.dtype:
@@ -65,7 +66,7 @@ def compare_values(cand, orig, ref=None) -> ValueCheck:
     diff = torch.sub(c, o).abs_()
     allowed = o.abs()
     scale = max(float(allowed.max()), 1e-30)
-    rtol, atol = _TOL.get(orig.dtype, (1e-3, 1e-3))
+    rtol, atol = (slack * t for t in _TOL.get(orig.dtype, (1e-3, 1e-3)))
     allowed.mul_(rtol).add_(atol * scale)  # rtol * |o| + atol * scale, in place
     worst = float(diff.max())
     res = ValueCheck(bool((diff <= allowed).all()), worst, worst / scale,
