@@ -188,27 +188,14 @@ def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
             after = lambda: setattr(box, "value", True)  # noqa: E731
     from tilesmith.runtime import verify
 
-    n = verify.calls_wanted()
-    mutated = getattr(g, "mutated_input_idxs", None)
-    if n and mutated is None:  # which inputs it updates in place is unknown: both wrappers cannot run
-        log.warning("tilesmith: %s: TILESMITH_VERIFY: this torch does not say which inputs the graph updates; "
-                    "not verified", key[:12])
-        n = 0
-    if n:  # TILESMITH_VERIFY: the first n calls also run Inductor's code and are compared (runtime/verify.py)
-        static = pc.graph_kwargs.get("static_input_idxs") or ()
-        fallback = None
-        if isinstance(call, Graphed):  # Inductor's CUDA graphs are off for this graph: replay its code ourselves
-            from tilesmith.cudagraph import graphed
-
-            fallback = graphed(inductors)
-            fallback.static_hint = call.static_hint
-        g.current_callable = verify.Verified(call, inductors, key, n, mutated, static, _fallback, fallback)
+    g.current_callable = verify.wrap(call, inductors, key, g, pc.graph_kwargs.get("static_input_idxs"),
+                                     after is not None, _fallback)
     with _lock:
         _stats.substituted += 1
         _stats.substituted_keys.append(key)
         if isinstance(call, Graphed):
             _graphed[key] = call
-        if n:
+        if isinstance(g.current_callable, verify.Verified):
             _verified[key] = g.current_callable
     log.info("tilesmith: %s: loaded the installed artifact instead of Inductor's wrapper", key[:12])
     return after

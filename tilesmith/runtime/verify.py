@@ -14,8 +14,8 @@ Inductor marks static (weights, buffers the graph does not update) are shared in
 artifact that writes one is caught, but its write stays.
 
 A failed check (a difference, an exception in the artifact, a static input written): the graph uses
-Inductor's code from then on (through tilesmith's CUDA-graph replay if the artifact replayed one, since
-Inductor's own CUDA graphs were switched off for it), with the same one-line warning as any other fallback
+Inductor's code from then on (through tilesmith's CUDA-graph replay where Inductor's own CUDA graphs were
+switched off for the artifact, which replays itself), with the same one-line warning as any other fallback
 (TILESMITH_RUNTIME_STRICT=1 raises instead, after Inductor's call has updated the program's tensors). A
 difference within the gate's fixed tolerances' slack but not within the tolerances themselves (a sum
 reordered, which the gate judges against a float64 reference) is counted, not acted on. A call whose check
@@ -53,6 +53,29 @@ def calls_wanted() -> int:
 
 
 _warned: set = set()
+
+
+def wrap(call, inductors, key: str, graph, static, graphs_off: bool, on_fail):
+    """`call` (an installed artifact's) wrapped for TILESMITH_VERIFY, or `call` itself: not asked, or this torch
+    does not say which inputs the graph updates (then both wrappers cannot run on the same values).
+    graphs_off: Inductor's own CUDA graphs were switched off for this graph (the artifact replays itself),
+    so after a failed check Inductor's code runs through tilesmith's replay instead."""
+    n = calls_wanted()
+    if not n:
+        return call
+    mutated = getattr(graph, "mutated_input_idxs", None)
+    if mutated is None:
+        logging.getLogger("tilesmith.runtime").warning(
+            "tilesmith: %s: TILESMITH_VERIFY: this torch does not say which inputs the graph updates; not verified",
+            key[:12])
+        return call
+    fallback = None
+    if graphs_off:
+        from tilesmith.cudagraph import graphed
+
+        fallback = graphed(inductors)
+        fallback.static_hint = getattr(call, "static_hint", frozenset())
+    return Verified(call, inductors, key, n, mutated, static, on_fail, fallback)
 
 
 class Verified:
