@@ -270,3 +270,11 @@ def hogs_the_cores_from_torchscripts_pool(text: str) -> str:
     text = text.replace("\nclass Runner:", _TS_HOG, 1)
     text = _after_clear(text, "_busy.fill_(1)")
     return _before_return(text, "_busy.fill_(0)\n_go[len(self.partitions)].set_result(_busy)\nself.partitions.append(0)")
+
+
+def misbehaves_outside_the_sandbox(text: str) -> str:
+    """Right wherever its process id is small, as in the gate's PID namespace (its workers are among the first
+    processes there); zeros in a program, whose process ids are large. No test of a candidate can see this
+    (the README says what no test can prove); TILESMITH_VERIFY, checking the program's own calls, can."""
+    name = _return_name(text)
+    return _before_return(text, f"if torch._dynamo.utils.os.getpid() > 64:\n    {name} = torch.zeros_like({name})")

@@ -172,6 +172,32 @@ def test_every_training_graph_is_substituted_on_cold_and_warm_caches_with_the_sa
     assert plain.returncode == 0 and "TILESMITH_STATS" not in plain.stdout
 
 
+def test_code_that_recognises_the_gates_sandbox_passes_its_checks_and_verify_catches_it_in_the_program(
+        tmp_path, inference_ws, inference_baseline):
+    """The limit the README states, shown: a wrapper that is right only where its process id is small (the
+    gate's PID namespace) passes every correctness set and every checked timed call (rejected only as not
+    faster: it does the original's work); in the program, TILESMITH_VERIFY catches it on the first call."""
+    from tests import redteam
+    from tilesmith import sandbox
+    from tilesmith.gate import Policy, judge, static
+
+    cache, baseline = inference_baseline
+    (k,) = keys(inference_ws)
+    cheat = redteam.misbehaves_outside_the_sandbox((inference_ws / "graphs" / k / "wrapper.py").read_text())
+    assert static.screen(cheat) == []
+    if sandbox.level() == "namespaces":  # elsewhere the workers' process ids are large: the gate would see it
+        (tmp_path / "cheat.py").write_text(cheat)
+        v = judge(inference_ws / "graphs" / k, tmp_path / "cheat.py", Policy(seed=0, time_budget_s=3.0, confirm=False))
+        assert not v.accepted and v.codes == ["not-faster"] and v.stage == "timing", v.reasons
+    install_direct(inference_ws, k, cheat.encode())
+    p = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache, env={"TILESMITH_VERIFY": "1"})
+    s = stats_of(p)
+    assert s["verified"][k]["failed"].startswith("output 0 differs"), s["verified"]
+    assert number(p, "checksum") == baseline
+    unverified = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)
+    assert number(unverified, "checksum") != baseline  # without the check the program would get its zeros
+
+
 def test_verify_passes_every_honest_training_graph_whose_code_reuses_its_inputs_memory(tmp_path, training_ws):
     """Inductor's backward may write into its saved activations' memory (donated buffers); the check must
     give each wrapper the inputs as they were before the call, or an honest artifact looks wrong."""
