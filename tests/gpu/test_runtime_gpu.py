@@ -5,6 +5,9 @@ purpose (see tests/test_runtime.py)."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -82,4 +85,40 @@ def test_gpu_training_step_replays_every_graphed_artifact_without_a_plain_fallba
         # The loop settles with its saved activations read in place or copied, never at the last capture
         # that copies every input and every output (session 12: a GPT-2 backward ended there).
         assert all(lay["captures"] < MAX_RECORDS for lay in g["layouts"]), (k, g["layouts"])
+    assert abs(number(p, "loss") - number(plain, "loss")) <= 1e-5 * max(1.0, abs(number(plain, "loss")))
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_gpu_verify_passes_honest_replayed_training_graphs_and_drops_a_perturbed_one(tmp_path, mode, inductor_cache):
+    """TILESMITH_VERIFY on CUDA: every graph of a plain training loop installed as tilesmith's CUDA-graph
+    replay of Inductor's own code verifies (RNG states, copies of saved activations, the replay inside the
+    check) with the plain program's loss; then the same with one forward graph perturbed: it is dropped on
+    its first call, through tilesmith's replay of Inductor's code under reduce-overhead, and the loss is
+    still the plain program's."""
+    from tilesmith.search.tuner import graphed_text
+
+    ws = tmp_path / "ws"
+    extra = ["--device", "cuda", "--mode", mode] if mode != "default" else ["--device", "cuda"]
+    assert run_capture_subprocess(EXAMPLES / "training.py", ws, *extra).returncode == 0
+    ks = keys(ws)
+    for k in ks:
+        install_direct(ws, k, graphed_text((ws / "graphs" / k / "wrapper.py").read_text()).encode())
+    args = ["--steps", "6", *extra]
+    plain = run(EXAMPLES / "training.py", *args, cache=tmp_path / "c", runtime=False)
+    p = run(EXAMPLES / "training.py", *args, cache=tmp_path / "c", env={"TILESMITH_VERIFY": "3"})
+    assert p.returncode == 0 and plain.returncode == 0, p.stderr + plain.stderr
+    s = stats_of(p)
+    assert s["substituted"] == 4 and s["fallbacks"] == [], s
+    assert all(v["failed"] == "" and v["verified_calls"] >= 1 for v in s["verified"].values()), s["verified"]
+    assert abs(number(p, "loss") - number(plain, "loss")) <= 1e-5 * max(1.0, abs(number(plain, "loss")))
+
+    fw = next(k for k in ks if json.loads((ws / "graphs" / k / "graph.json").read_text())["kind"] == "forward")
+    text, n = re.subn(r"^(\s*)return \((\w+),", r"\1\2.add_(1000.0)\n\1return (\2,",
+                      (ws / "graphs" / fw / "wrapper.py").read_text(), count=1, flags=re.M)
+    assert n == 1
+    install_direct(ws, fw, text.encode())  # its first output (the loss part) off by 1000
+    p = run(EXAMPLES / "training.py", *args, cache=tmp_path / "c", env={"TILESMITH_VERIFY": "3"})
+    assert p.returncode == 0, p.stderr
+    s = stats_of(p)
+    assert s["verified"][fw]["failed"].startswith("output"), s["verified"][fw]
     assert abs(number(p, "loss") - number(plain, "loss")) <= 1e-5 * max(1.0, abs(number(plain, "loss")))
