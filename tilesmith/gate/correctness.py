@@ -73,35 +73,36 @@ def compare_values(cand, orig, ref=None, slack: float = 1.0) -> ValueCheck:
                      float(allowed.max()), dtype=str(orig.dtype).removeprefix("torch."))
     del diff, allowed
     if ref is not None and isinstance(ref, torch.Tensor) and ref.shape == orig.shape:
-        c, o = c.to(torch.float64), o.to(torch.float64)
-        # With a float64 reference the tolerance is calibrated: the candidate may be a few times less
-        # accurate than the original (reordered sums), never an order of magnitude (lower precision).
-        # This replaces the fixed tolerance, which is wrong where the original itself is inexact
-        # (high-magnitude inputs, cancellation).
-        r = ref.to(torch.float64)
-        r = r[fin] if fin is not None else r
-        rscale = max(float(r.abs().max()), 1e-30)
-        res.ref_cand = float((c - r).abs().max())
-        res.ref_orig = float((o - r).abs().max())
-        floor = REF64_FLOOR_EPS * _EPS.get(orig.dtype, 1e-3) * rscale
-        res.allowed = REF64_FACTOR * res.ref_orig + floor
-        res.ok = res.ref_cand <= res.allowed
-        res.test = "ref64-max"
-        if orig.dtype in (torch.float16, torch.bfloat16):
-            # Half-precision outputs: the original's error is mostly the final rounding, so the worst
-            # element barely moves when a candidate accumulates in bf16; the RMS error does (2-6x).
-            # (For fp32 outputs an RMS ratio is noisy where only a few elements carry error, and a
-            # precision downgrade is 1000x off anyway.)
-            rms_c = float((c - r).square().mean().sqrt())
-            rms_o = float((o - r).square().mean().sqrt())
-            res.rms_cand, res.rms_orig, res.rms_allowed = rms_c, rms_o, REF64_RMS_FACTOR * rms_o + floor / 20
-            if res.ok and rms_c > res.rms_allowed:
-                res.ok, res.test = False, "ref64-rms"
+        _calibrate(res, c, o, ref if fin is None else ref[fin], orig.dtype)
     if not res.ok:
         # Close to the original yet outside tolerance: the signature of computing in lower precision.
         band = max(PRECISION_BAND, 16 * _EPS.get(orig.dtype, 0.0))
         res.why = "precision" if res.rel_error < band else "values"
     return res
+
+
+def _calibrate(res: ValueCheck, c, o, ref, dtype) -> None:
+    """With a float64 reference the tolerance is calibrated: the candidate may be a few times less accurate
+    than the original (reordered sums), never an order of magnitude (lower precision). This replaces the
+    fixed tolerance in `res`, which is wrong where the original itself is inexact (high-magnitude inputs,
+    cancellation). c, o, ref: the finite elements compared."""
+    c, o, r = c.to(torch.float64), o.to(torch.float64), ref.to(torch.float64)
+    rscale = max(float(r.abs().max()), 1e-30)
+    res.ref_cand = float((c - r).abs().max())
+    res.ref_orig = float((o - r).abs().max())
+    floor = REF64_FLOOR_EPS * _EPS.get(dtype, 1e-3) * rscale
+    res.allowed = REF64_FACTOR * res.ref_orig + floor
+    res.ok = res.ref_cand <= res.allowed
+    res.test = "ref64-max"
+    if dtype in (torch.float16, torch.bfloat16):
+        # Half-precision outputs: the original's error is mostly the final rounding, so the worst element
+        # barely moves when a candidate accumulates in bf16; the RMS error does (2-6x). (For fp32 outputs an
+        # RMS ratio is noisy where only a few elements carry error, and a precision downgrade is 1000x off.)
+        rms_c = float((c - r).square().mean().sqrt())
+        rms_o = float((o - r).square().mean().sqrt())
+        res.rms_cand, res.rms_orig, res.rms_allowed = rms_c, rms_o, REF64_RMS_FACTOR * rms_o + floor / 20
+        if res.ok and rms_c > res.rms_allowed:
+            res.ok, res.test = False, "ref64-rms"
 
 
 @dataclass
@@ -141,13 +142,14 @@ def compare_set(name: str, cand: dict, orig: dict, ref: list | None) -> SetResul
     return _done(summary, reasons)
 
 
-# The float64 temporaries of comparing sets side by side (about six per output element) stay under this.
+# The temporaries of comparing sets side by side stay under this (counted as six float64 values per output
+# element: an upper bound since half-precision outputs are compared in float32).
 COMPARE_BYTES = 4 << 30
 
 
 def compare_sets(names: list[str], cands: list, origs: list, refs) -> list[SetResult]:
     """compare_set for every set, in the sets' order, side by side on the deciding process's threads (pure
-    comparisons in float64; a training graph's gradients took ~9 s a pass one after another on the H200):
+    tensor comparisons; a training graph's gradients took ~9 s a pass one after another on the H200):
     as many at once as their temporaries fit in COMPARE_BYTES."""
     from tilesmith.gate.inputs import thread_pool
 
