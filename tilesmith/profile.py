@@ -9,6 +9,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -94,21 +95,38 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
         calm_spares()  # no gate worker may still be starting while this one measures
         devices = sandbox.graph_devices(gdirs)
         spec = sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs], devices=sandbox.devices_for(*devices))
+        spawned = time.time()
         res = sandbox.run_json(cmd, spec, timeout_s, fork=forked.wanted_for(devices))
+        ended = time.time()
     names = ", ".join(g.name[:12] for g in gdirs)
     if res.returncode is None:
         return [TilesmithError(f"profiling {names} took over {timeout_s:.0f} s", code="profile-timeout")] * len(jobs)
     results = res.reply.get("results") if res.reply else None
     if res.returncode != 0 or not isinstance(results, list) or len(results) != len(jobs):
         return [TilesmithError(f"profiling {names} failed: {res.tail}", code="profile-failed", hint=hint)] * len(jobs)
+    process = _process_phases(res.reply.get("stamps"), spawned, ended)
     out = []
     for gdir, r in zip(gdirs, results):
         if isinstance(r, dict) and "error" in r:  # this graph failed in the worker; the others ran
             out.append(TilesmithError(f"profiling {gdir.name[:12]} failed: {sandbox.redact(str(r['error']))}",
                                       code="profile-failed", hint=hint))
         else:
-            out.append(summarize(sandbox.redact_obj(r)))
+            p = summarize(sandbox.redact_obj(r))
+            p.phases_s.update(process)
+            out.append(p)
     return out
+
+
+def _process_phases(stamps, spawned: float, ended: float) -> dict:
+    """The worker process's own seconds around the graphs (shared by every graph of the batch): from the
+    parent's spawn until the worker module runs (sandbox, fork or exec, the tilesmith package's imports,
+    torch's among them), the module's own imports, and from its reply to its exit as the parent saw it."""
+    try:
+        started, entered, replied = (float(stamps[k]) for k in ("started", "entered", "replied"))
+    except (TypeError, KeyError, ValueError):
+        return {}
+    return {"process_start": round(started - spawned, 3), "process_imports": round(entered - started, 3),
+            "process_exit": round(ended - replied, 3)}
 
 
 def summarize(raw: dict) -> Profile:

@@ -10,10 +10,12 @@ import json
 import sys
 import time
 
-import torch
+_STARTED = time.time()  # the module's first line (the package, and torch with it, imported before it)
 
-from tilesmith import clock, loading, source
-from tilesmith.search.kernels import find_kernels
+import torch  # noqa: E402
+
+from tilesmith import clock, loading, source  # noqa: E402
+from tilesmith.search.kernels import find_kernels  # noqa: E402
 
 
 def _nbytes(args) -> int:
@@ -325,17 +327,20 @@ def _gap_ns(events, calls: int) -> float | None:
 def batch(jobs_file: str, calls: int) -> dict:
     """Several graphs in this one process, one after another: {"results": [each job's answer, or
     {"error": ...} for a job that raised; the jobs after it still run]}."""
-    results = []
+    entered, results = time.time(), []
     for gdir, src_file in json.loads(open(jobs_file).read()):
         try:
             results.append(main(gdir, src_file, calls))
         except Exception as e:  # noqa: BLE001 - one graph's failure is its own answer
             results.append({"error": f"{type(e).__name__}: {e}"[:2000]})
-    return {"results": results}
+    # Wall-clock stamps (the parent subtracts its own): when the interpreter started, when its imports were
+    # done, when it replied.
+    return {"results": results, "stamps": {"started": _STARTED, "entered": entered, "replied": time.time()}}
+
 
 
 if __name__ == "__main__":  # GRAPH_DIR SOURCE CALLS (one graph, e.g. under ncu), or --batch JOBS.json CALLS
     if sys.argv[1] == "--batch":
-        print(json.dumps(batch(sys.argv[2], int(sys.argv[3]))))
+        loading.reply(batch(sys.argv[2], int(sys.argv[3])))
     else:
-        print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]))))
+        loading.reply(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))

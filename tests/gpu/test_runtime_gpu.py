@@ -6,7 +6,6 @@ purpose (see tests/test_runtime.py)."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
@@ -88,6 +87,18 @@ def test_gpu_training_step_replays_every_graphed_artifact_without_a_plain_fallba
     assert abs(number(p, "loss") - number(plain, "loss")) <= 1e-5 * max(1.0, abs(number(plain, "loss")))
 
 
+PERTURB_CALL = """
+
+_inductors_call = call
+
+
+def call(args):
+    out = _inductors_call(args)
+    next(o for o in out if isinstance(o, torch.Tensor) and o.is_floating_point()).add_(1000.0)
+    return out
+"""
+
+
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_gpu_verify_passes_honest_replayed_training_graphs_and_drops_a_perturbed_one(tmp_path, mode, inductor_cache):
     """TILESMITH_VERIFY on CUDA: every graph of a plain training loop installed as tilesmith's CUDA-graph
@@ -113,10 +124,10 @@ def test_gpu_verify_passes_honest_replayed_training_graphs_and_drops_a_perturbed
     assert abs(number(p, "loss") - number(plain, "loss")) <= 1e-5 * max(1.0, abs(number(plain, "loss")))
 
     fw = next(k for k in ks if json.loads((ws / "graphs" / k / "graph.json").read_text())["kind"] == "forward")
-    text, n = re.subn(r"^(\s*)return \((\w+),", r"\1\2.add_(1000.0)\n\1return (\2,",
-                      (ws / "graphs" / fw / "wrapper.py").read_text(), count=1, flags=re.M)
-    assert n == 1
-    install_direct(ws, fw, text.encode())  # its first output (the loss part) off by 1000
+    # Its first floating-point output off by 1000, whatever the wrapper's own structure (on the H200 a
+    # substitution of the first `return (` line changed nothing the call returned).
+    text = (ws / "graphs" / fw / "wrapper.py").read_text() + PERTURB_CALL
+    install_direct(ws, fw, text.encode())
     p = run(EXAMPLES / "training.py", *args, cache=tmp_path / "c", env={"TILESMITH_VERIFY": "3"})
     assert p.returncode == 0, p.stderr
     s = stats_of(p)

@@ -53,4 +53,4 @@ def main(spec_file: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1])))
+    loading.reply(main(sys.argv[1]))
