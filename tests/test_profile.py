@@ -39,7 +39,7 @@ def test_cpu_profile_has_bytes_flops_wrapper_lines_ceilings_and_classes(inferenc
     assert p.klass in ("launch", "latency", "memory", "compute") and p.gap_ms is None
     assert "no hardware counters" in p.counters
     assert list(p.phases_s) == ["load", "warm_up", "wall", "record_arguments", "kernel_times", "ceilings",
-                                "process_start", "process_imports", "process_exit"]
+                                "before_spawn", "process_start", "process_imports", "process_exit"]
     assert all(v >= 0 for v in p.phases_s.values())
     again = Profile.from_dict(json.loads(json.dumps(p.to_dict())))
     assert again.kernels[0].sites == p.kernels[0].sites and again.phases_s == p.phases_s

@@ -95,7 +95,7 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
         calm_spares()  # no gate worker may still be starting while this one measures
         devices = sandbox.graph_devices(gdirs)
         spec = sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs], devices=sandbox.devices_for(*devices))
-        spawned = time.time()
+        called = time.time()
         res = sandbox.run_json(cmd, spec, timeout_s, fork=forked.wanted_for(devices))
         ended = time.time()
     names = ", ".join(g.name[:12] for g in gdirs)
@@ -104,7 +104,7 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
     results = res.reply.get("results") if res.reply else None
     if res.returncode != 0 or not isinstance(results, list) or len(results) != len(jobs):
         return [TilesmithError(f"profiling {names} failed: {res.tail}", code="profile-failed", hint=hint)] * len(jobs)
-    process = _process_phases(res.reply.get("stamps"), spawned, ended)
+    process = _process_phases(res.reply.get("stamps"), called, res.spawned, ended)
     out = []
     for gdir, r in zip(gdirs, results):
         if isinstance(r, dict) and "error" in r:  # this graph failed in the worker; the others ran
@@ -117,16 +117,17 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
     return out
 
 
-def _process_phases(stamps, spawned: float, ended: float) -> dict:
-    """The worker process's own seconds around the graphs (shared by every graph of the batch): from the
-    parent's spawn until the worker module runs (sandbox, fork or exec, the tilesmith package's imports,
-    torch's among them), the module's own imports, and from its reply to its exit as the parent saw it."""
+def _process_phases(stamps, called: float, spawned: float, ended: float) -> dict:
+    """The worker process's own seconds around the graphs (shared by every graph of the batch): this
+    process's before the spawn (the sandbox's probe, the worker's environment), from the spawn until the
+    worker module runs (sandbox, fork or exec, the tilesmith package's imports), the module's own imports
+    (torch's where it was not forked), and from its reply to its exit as this process saw it."""
     try:
         started, entered, replied = (float(stamps[k]) for k in ("started", "entered", "replied"))
     except (TypeError, KeyError, ValueError):
         return {}
-    return {"process_start": round(started - spawned, 3), "process_imports": round(entered - started, 3),
-            "process_exit": round(ended - replied, 3)}
+    return {"before_spawn": round(spawned - called, 3), "process_start": round(started - spawned, 3),
+            "process_imports": round(entered - started, 3), "process_exit": round(ended - replied, 3)}
 
 
 def summarize(raw: dict) -> Profile:

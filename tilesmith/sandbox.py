@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,8 +80,12 @@ def shared_caches() -> dict[str, str]:
             or os.path.join(os.path.expanduser("~"), ".triton", "cache")}
 
 
-def scrubbed_env(tmp: Path) -> dict:
-    """The parent's environment minus secrets, with its own HOME/TMPDIR and the compile caches kept warm."""
+def scrubbed_env(tmp: Path, cpu_kernels: bool = True) -> dict:
+    """The parent's environment minus secrets, with its own HOME/TMPDIR and the compile caches kept warm.
+    cpu_kernels=False: a worker that runs no graph on the CPU (CUDA graphs, the sandbox probe) is not told
+    whether it may skip Inductor's CPU vector-ISA probe: finding that out builds a C++ program per ISA in
+    this process, seconds on a warm cache and up to a minute on a cold one (an H200 host), for nothing
+    such a worker uses (a C++ kernel it meets after all probes as usual)."""
     env = {k: v for k, v in os.environ.items() if not _SECRET.search(k)}
     caches = shared_caches()
     env["TORCHINDUCTOR_CACHE_DIR"] = caches["TORCHINDUCTOR_CACHE_DIR"]
@@ -93,7 +98,7 @@ def scrubbed_env(tmp: Path) -> dict:
     env.update(HOME=str(tmp / "home"), TMPDIR=str(tmp / "tmp"), TILESMITH_HOME=str(tmp / "home" / "tilesmith"),
                TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
     env.pop("TILESMITH_DEBUG", None)
-    if "TORCHINDUCTOR_VEC_ISA_OK" not in env and vec_isa_settled():
+    if cpu_kernels and "TORCHINDUCTOR_VEC_ISA_OK" not in env and vec_isa_settled():
         env["TORCHINDUCTOR_VEC_ISA_OK"] = "1"  # the workers pick what the probe would, without probing
     return env
 
@@ -178,7 +183,8 @@ def _probe() -> tuple[bool, str]:
     try:
         argv = wrap([sys.executable, "-c", "import os; print(len([p for p in os.listdir('/proc') if p.isdigit()]))"],
                     Spec(scratch=str(tmp)), force=True)
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=scrubbed_env(tmp), cwd=tmp)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=scrubbed_env(tmp, cpu_kernels=False),
+                           cwd=tmp)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"unshare failed: {e}"
     finally:
@@ -264,7 +270,7 @@ def popen(argv: list[str], spec: Spec, env: dict | None = None, fork: bool = Fal
     subprocess.Popen's interface a gate worker uses (pid, stdin, poll, wait, returncode). Where the zygote
     cannot serve it (another argv, other standard streams, no zygote), it starts the usual way."""
     scratch = Path(spec.scratch)
-    env = scrubbed_env(scratch) if env is None else env
+    env = scrubbed_env(scratch, spec.devices == "basic") if env is None else env
     kw.setdefault("cwd", scratch)
     if fork:
         from tilesmith import forked
@@ -281,20 +287,22 @@ class Result:
     reply: dict | None  # the last line of stdout that parses as a JSON object
     tail: str  # the last lines of stderr (else stdout), redacted, for error messages
     level: str  # the sandbox level it ran at
+    spawned: float = 0.0  # time.time() right before the process was started (its environment made)
 
 
 def run_json(argv: list[str], spec: Spec, timeout_s: float, env_extra: dict | None = None, fork: bool = False) -> Result:
     """Run a worker that prints its answer as one JSON line last: "start a worker, parse its last JSON line"
     (fork: see popen)."""
     lvl = level()
-    env = {**scrubbed_env(Path(spec.scratch)), **(env_extra or {})}
+    env = {**scrubbed_env(Path(spec.scratch), spec.devices == "basic"), **(env_extra or {})}
+    spawned = time.time()
     p = popen(argv, spec, env, fork=fork, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
               text=True)
     try:
         out, err = p.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(p)
-        return Result(None, None, f"killed after {timeout_s:.0f} s", lvl)
+        return Result(None, None, f"killed after {timeout_s:.0f} s", lvl, spawned)
     _kill_group(p)  # anything it left running goes too
     reply = None
     for line in reversed(out.splitlines()):
@@ -307,7 +315,7 @@ def run_json(argv: list[str], spec: Spec, timeout_s: float, env_extra: dict | No
                 break
             reply = None
     tail = " | ".join((err or out).strip().splitlines()[-3:])
-    return Result(p.returncode, reply, redact(tail), lvl)
+    return Result(p.returncode, reply, redact(tail), lvl, spawned)
 
 
 def kill(pid: int) -> None:

@@ -31,9 +31,9 @@ class WorkerFailure(Exception):
         self.message = message
 
 
-def worker_env(tmp: Path) -> dict:
-    """The parent's environment minus secrets (tilesmith.sandbox.scrubbed_env)."""
-    return sandbox.scrubbed_env(tmp)
+def worker_env(tmp: Path, device: str = "cpu") -> dict:
+    """The parent's environment minus secrets (tilesmith.sandbox.scrubbed_env) for a worker on `device`."""
+    return sandbox.scrubbed_env(tmp, cpu_kernels=str(device).startswith("cpu"))
 
 
 def openmp_wait(env: dict) -> dict:
@@ -68,7 +68,7 @@ class Worker:
         r, w = os.pipe()
         self._log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", str(w)]
-        env = openmp_wait({**worker_env(self.dir), "TILESMITH_GATE_DEVICE": device})
+        env = openmp_wait({**worker_env(self.dir, device), "TILESMITH_GATE_DEVICE": device})
         spec = sandbox.Spec(scratch=str(self.dir), readable=[str(p) for p in readable], devices=sandbox.devices_for(device))
         self.proc = sandbox.popen(cmd, spec, env, fork=forked.wanted(device), stdin=subprocess.PIPE, stdout=self._log,
                                   stderr=subprocess.STDOUT, pass_fds=(w,))
