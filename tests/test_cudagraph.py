@@ -32,6 +32,43 @@ def test_gate_recognises_a_wrapper_that_replays_itself(inference_ws):
     assert own_replay(tuner.graphed_text(text)) and not own_replay(text)
 
 
+def test_a_reduce_overhead_original_is_timed_through_the_trees_against_a_candidate_that_replays_itself(
+        inference_ws, tmp_path):
+    """The gate's timing modes per role for a graph compiled with CUDA graphs (graph mode): a candidate that
+    replays itself runs as plain calls of its replay, the original through Inductor's cudagraph trees (as the
+    program runs it; gate/worker_trees.py), a best-so-far that replays itself as plain calls too. A candidate
+    that does not replay itself: both in graph mode, as before. (The trees run on the GPU: tests/gpu.)"""
+    from tilesmith.gate import _modes
+    from tilesmith.gate.verdict import Verdict
+
+    text = (h.graph_of(inference_ws) / "wrapper.py").read_text()
+    own = tuner.graphed_text(text).encode()
+    v = Verdict(False, "timing", "k", "")
+    assert _modes(v, "graph", own, None) == {"candidate": "launch", "baseline": "trees"}
+    assert "cudagraph trees" in v.warnings[-1].message
+    best = tmp_path / "best.py"
+    best.write_bytes(own)
+    assert _modes(Verdict(False, "timing", "k", ""), "graph", own, best) == {"candidate": "launch",
+                                                                                       "baseline": "launch"}
+    assert _modes(v, "graph", text.encode(), None) == {} and _modes(v, "launch", own, None) == {}
+
+
+def test_trees_mode_refuses_a_graph_that_updates_its_inputs_and_fits_this_torchs_cudagraphify(inference_ws):
+    """The worker's trees mode falls back to a bare replay where the trees' cheapest path is unknown (inputs
+    updated in place) or Inductor's cudagraphify wants what it is not given; on this torch it is set up
+    (nothing is recorded until the first call, which needs CUDA)."""
+    import pytest
+
+    from tilesmith.gate.worker_trees import tree_function, tree_thunks
+
+    gdir = h.graph_of(inference_ws)
+    data = loading.load_graph_data(gdir)
+    mod = loading.load_module((gdir / "wrapper.py").read_text(), data.constants)
+    with pytest.raises(ValueError, match="updates inputs in place"):
+        tree_thunks(mod.call, loading.clone_args(data.inputs), "cpu", 2, [0])
+    assert callable(tree_function(mod.call, loading.clone_args(data.inputs), "cpu"))
+
+
 def test_graphed_makes_the_plain_call_on_cpu_with_the_same_outputs(inference_ws):
     gdir = h.graph_of(inference_ws)
     data = loading.load_graph_data(gdir)

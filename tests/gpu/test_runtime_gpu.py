@@ -127,7 +127,7 @@ def test_gpu_verify_passes_honest_replayed_training_graphs_and_drops_a_perturbed
     # Its first floating-point output off by 1000, whatever the wrapper's own structure (on the H200 a
     # substitution of the first `return (` line changed nothing the call returned).
     text = (ws / "graphs" / fw / "wrapper.py").read_text() + PERTURB_CALL
-    install_direct(ws, fw, text.encode())
+    install_direct(ws, fw, text.encode(), force=True)  # over the honest replay installed above
     p = run(EXAMPLES / "training.py", *args, cache=tmp_path / "c", env={"TILESMITH_VERIFY": "3"})
     assert p.returncode == 0, p.stderr
     s = stats_of(p)

@@ -84,14 +84,20 @@ def own_replay(text: str) -> bool:
 def _modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None) -> dict:
     """Roles timed in another mode than the graph's. Inductor replays the original of a graph compiled
     with CUDA graphs; a candidate that replays itself (the runtime turns Inductor's CUDA graphs off for a
-    graph whose artifact does) is timed as plain calls of its own replay: each the way it would run."""
+    graph whose artifact does) is timed as plain calls of its own replay: each the way it would run. The
+    original it replaces then runs as the program would run it, through Inductor's cudagraph trees, on
+    their cheapest path (gate/worker_trees.py); a bare replay where the trees cannot be set up."""
     if mode != "graph" or not own_replay(raw.decode(errors="replace")):
         return {}
-    modes = {"candidate": "launch"}
+    modes = {"candidate": "launch", "baseline": "trees"}
     if timing_base is not None and own_replay(timing_base.read_text()):
         modes["baseline"] = "launch"  # the best so far replays itself too: like with like
-    v.warnings.append(Reason("own-replay", "the candidate replays its own CUDA graph: timed as plain calls "
-                                           "against the original's whole-graph replay (graph mode)"))
+        v.warnings.append(Reason("own-replay", "the candidate replays its own CUDA graph, as does the best so "
+                                               "far: both timed as plain calls of their own replay"))
+    else:
+        v.warnings.append(Reason("own-replay", "the candidate replays its own CUDA graph: timed as plain calls "
+                                               "against the original run through Inductor's cudagraph trees "
+                                               "(every input static, no input copied: their cheapest path)"))
     return modes
 
 
@@ -119,7 +125,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     device = graph_device(meta)
     ctx = dict(gdir=gdir, meta=meta, cand=cand, timing_base=timing_base, timing_base_sha=v.timing_baseline_sha256 or "",
                scratch=scratch, device=device, policy=policy, mode=mode, note=note, clock=clock, WorkerFailure=WorkerFailure, spares=spares,
-               modes=_modes(v, mode, raw, timing_base))
+               modes=_modes(v, mode, raw, timing_base), warnings=v.warnings)
     seeds, sets, contents = _input_sets(gdir, meta, policy, clock)
     ctx["pair"] = (1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1)
     note("load", "starting workers; the original runs in its own reference worker")
@@ -329,8 +335,12 @@ def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, othe
             f = worker.dir / f"contents-{p.seed}.pt"
             save_sets(f, contents, torch)
             role_mode = ctx["modes"].get("candidate" if role == "candidate" else "baseline", mode)
-            worker.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": role_mode,
-                            "buffers": ctx["buffers"]}, policy.call_timeout_s)
+            rep = worker.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": role_mode,
+                                  "buffers": ctx["buffers"]}, policy.call_timeout_s)
+            why = rep.get("trees_fallback") if isinstance(rep, dict) else None
+            if why and not any(w.code == "trees-unavailable" for w in ctx["warnings"]):
+                ctx["warnings"].append(Reason("trees-unavailable", "the original was timed as a bare CUDA-graph "
+                                              f"replay: Inductor's cudagraph trees could not be set up ({str(why)[:200]})"))
             f.unlink(missing_ok=True)
     with clock(f"{key}.quiesce"):  # no other worker may be busy while samples are taken
         for other in others:

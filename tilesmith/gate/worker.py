@@ -51,6 +51,7 @@ class State:
         self.shared = set()  # input positions timed in one buffer for every buffer set (parameters)
         self.patch0 = None  # gate.patches.snapshot before candidate code ran
         self.watched = {}  # namespaces added to it: the globals of wrappers loaded before the candidate
+        self.trees_fallback = ""  # why a role asked for trees mode was timed in graph mode instead
 
 
 def op_load(st: State, req: dict) -> dict:
@@ -116,7 +117,9 @@ def op_time_setup(st: State, req: dict) -> dict:
             bufs.append([bufs[0][i] if b and i in st.shared else _to_device(x, st.device)
                          for i, x in enumerate(contents[b % len(contents)])])
         fn = st.loaders[role]() if role in st.loaders else st.fns[role]
-        if req["mode"] == "graph":
+        if req["mode"] == "trees":
+            st.timed[role] = _trees(st, role, fn)
+        elif req["mode"] == "graph":
             st.timed[role] = [_capture_graph(st, role, fn, b) for b in st.bufs[role]]
         else:
             st.timed[role] = [(lambda fn=fn, b=b: fn(list(b))) for b in st.bufs[role]]
@@ -125,7 +128,22 @@ def op_time_setup(st: State, req: dict) -> dict:
                 for thunk in st.timed[role]:
                     thunk()
     _device_sync()
-    return {}
+    return {"trees_fallback": st.trees_fallback} if st.trees_fallback else {}
+
+
+def _trees(st: State, role: str, fn) -> list:
+    """Trees mode (gate/worker_trees.py), or graph mode where this torch's trees cannot be set up (the
+    reason goes to the worker's log): never a cheaper stand-in than graph mode."""
+    from tilesmith.gate.worker_trees import tree_thunks
+
+    try:
+        mutated = (st.data.meta.get("mutated_inputs") if st.data else None) or []
+        thunks, alive = tree_thunks(fn, st.bufs[role][0], st.device, len(st.bufs[role]), mutated)
+    except Exception as e:  # noqa: BLE001 - the trees' own failure: time it as before
+        st.trees_fallback = f"{type(e).__name__}: {e}"[:300]
+        return [_capture_graph(st, role, fn, b) for b in st.bufs[role]]
+    st.keep[role].append((alive, st.bufs[role][0]))  # outputs live in the trees' pool: snapshots copy them
+    return thunks
 
 
 def _capture_graph(st: State, role: str, fn, bufs):
