@@ -180,6 +180,9 @@ def program_setting(run_id: str, graphs: list, estimate) -> ProgramSetting:
     return ProgramSetting(len(graphs), len(cg), won, code, kept, over, est, text, change, note)
 
 
-# What the gate's graph mode is (gate/worker.py op_time_setup): a fair stand-in, not Inductor's own code path.
-NOTE = ("reduce-overhead's replay, as the gate times it: Inductor's code replayed from a plain CUDA graph per input "
-        "buffer set, inputs already in place, without the input copies and checks of Inductor's cudagraph trees")
+# How the gate times reduce-overhead's replay (gate/worker.py op_time_setup, gate/worker_trees.py): never slower
+# than Inductor's own code path in the program.
+NOTE = ("reduce-overhead's replay, as the gate times it: against a candidate that replays itself, Inductor's code "
+        "through its cudagraph trees with every input static (nothing copied in: the trees' cheapest path); against "
+        "any other candidate, Inductor's code replayed from a plain CUDA graph per input buffer set, inputs already "
+        "in place, without the input copies and checks of the trees")
