@@ -30,6 +30,11 @@ def test_gate_recognises_a_wrapper_that_replays_itself(inference_ws):
 
     text = (h.graph_of(inference_ws) / "wrapper.py").read_text()
     assert own_replay(tuner.graphed_text(text)) and not own_replay(text)
+    # Only where the module's call is the helper's replay (the runtime then turns Inductor's CUDA graphs off):
+    # a call that merely uses a replay inside runs under Inductor's trees in the program.
+    inner = text + "\nfrom tilesmith.cudagraph import graphed\n_g = graphed(call)\n\ndef call(args):\n    return _g(args)\n"
+    assert not own_replay(inner)
+    assert not own_replay(tuner.graphed_text(text) + "\ncall = call\n")
 
 
 def test_a_reduce_overhead_original_is_timed_through_the_trees_against_a_candidate_that_replays_itself(
