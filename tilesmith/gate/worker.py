@@ -132,8 +132,8 @@ def op_time_setup(st: State, req: dict) -> dict:
 
 
 def _trees(st: State, role: str, fn) -> list:
-    """Trees mode (gate/worker_trees.py), or graph mode where this torch's trees cannot be set up (the
-    reason goes to the worker's log): never a cheaper stand-in than graph mode."""
+    """Trees mode (gate/worker_trees.py), or graph mode where this torch's trees cannot be set up or their
+    first calls fail (the reason goes back with time_setup's reply, and into the verdict's warnings)."""
     from tilesmith.gate.worker_trees import tree_thunks
 
     try:
@@ -205,7 +205,9 @@ def op_time(st: State, req: dict) -> dict:
     def draw(i: int, out) -> None:  # reservoir sampling, drawn after the call returned
         seen["last"] = out
         if int.from_bytes(_urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
-            seen["kept"], seen["kept_i"] = _snapshot(out, graph), i
+            # Only the candidate's kept outputs are checked: the baseline's copy (a clone in graph and trees
+            # modes, inside its timed sample) would be a cost only the baseline pays.
+            seen["kept"], seen["kept_i"] = (_snapshot(out, graph) if ours else None), i
 
     with torch.no_grad():
         ns = clock.timed(lambda: next(calls)(), reps, _device_sync, draw)
@@ -343,7 +345,7 @@ def _warm_inductor(device: str) -> None:
     test compiles, cached for the process): still no wrapper code in this process."""
     import importlib
 
-    names = _WRAPPER_IMPORTS + (_TRITON_IMPORTS if device.startswith("cuda") else ())
+    names = _WRAPPER_IMPORTS + (_TRITON_IMPORTS + ("tilesmith.gate.worker_trees",) if device.startswith("cuda") else ())
     for name in names:
         try:
             importlib.import_module(name)

@@ -19,39 +19,57 @@ from __future__ import annotations
 import inspect
 
 import torch
+from torch._inductor import compile_fx, config
 
 from tilesmith.gate.worker_tensors import _as_list
+
+# Bound when the worker starts (it imports this module on a CUDA device before any wrapper code runs): a
+# candidate that later replaces these, or sets the trees' debugging switches, cannot slow the original
+# through them. (The original timed apart, in a worker that never runs candidate code, bounds any such
+# slowing beside the candidate anyway: the gate keeps the lower of the two speedups.)
+_CUDAGRAPHIFY = compile_fx.cudagraphify
+_MARK_STEP = torch.compiler.cudagraph_mark_step_begin
+# Switches that make every trees call slower (eager runs, synchronizes, per-call asserts): their values now.
+_SWITCHES = {k: getattr(config.triton, k) for k in ("force_cudagraphs_warmup", "fast_path_cudagraph_asserts",
+                                                   "force_cudagraph_sync", "cudagraph_capture_sizes",
+                                                   "cudagraph_trees", "slow_path_cudagraph_asserts")
+             if hasattr(config.triton, k)}
 
 
 def tree_thunks(fn, bufs: list, device: str, n: int, mutated) -> tuple[list, object]:
     """n thunks (one per rotating buffer set; all read `bufs`) calling `fn` through the cudagraph trees,
-    and the object that must stay alive while they are timed. Raises where the trees cannot be set up."""
+    already warmed up and recorded, and the object that must stay alive while they are timed. Raises where
+    the trees cannot be set up or their first calls fail (the caller then times a bare replay)."""
     if mutated:
         # Inputs the graph updates in place: the program's trees would copy them back and forth (or skip
         # CUDA graphs); no cheapest path is known, so the caller times a bare replay instead.
         raise ValueError("the graph updates inputs in place")
     run = tree_function(fn, bufs, device)
-    mark = torch.compiler.cudagraph_mark_step_begin
+    mark = _MARK_STEP
 
     def call():
         mark()
         return run(list(bufs))
 
+    with torch.no_grad():
+        for _ in range(4):  # warmed up, recorded, replayed: a failure here is the trees', before any timing
+            call()
     return [call] * n, run
 
 
 def tree_function(fn, bufs: list, device: str):
     """Inductor's own wrapping of a compiled call under reduce-overhead (compile_fx.cudagraphify), every
-    tensor input static; only the keywords this torch's signature has are passed."""
-    from torch._inductor import compile_fx
-
+    tensor input static, the trees' switches as they were when the worker started; only the keywords this
+    torch's signature has are passed."""
+    for k, v in _SWITCHES.items():
+        setattr(config.triton, k, v)
     with torch.no_grad():
         n_out = len(_as_list(fn(list(bufs))))  # a plain call first: how many outputs (stack_traces has one each)
     static = [i for i, x in enumerate(bufs) if isinstance(x, torch.Tensor)]
     kw = dict(device_index=torch.device(device).index or 0, stack_traces=[None] * n_out, is_backward=False,
               is_inference=True, constants=(), placeholders=(), mutated_input_idxs=())
-    params = inspect.signature(compile_fx.cudagraphify).parameters
+    params = inspect.signature(_CUDAGRAPHIFY).parameters
     missing = [k for k, p in params.items() if p.kind is p.KEYWORD_ONLY and p.default is p.empty and k not in kw]
     if missing:
         raise TypeError(f"compile_fx.cudagraphify wants {', '.join(missing)}, unknown here")
-    return compile_fx.cudagraphify(fn, static, **{k: v for k, v in kw.items() if k in params})
+    return _CUDAGRAPHIFY(fn, static, **{k: v for k, v in kw.items() if k in params})
