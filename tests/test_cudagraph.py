@@ -118,6 +118,12 @@ def test_tuner_proposes_the_cuda_graph_variant_for_launch_bound_cuda_graphs_also
     (cuda / "graph.json").write_text(json.dumps({**meta, "device": "cuda:0", "compile_mode": "cudagraphs"}))
     # Inductor replays it (reduce-overhead): our replay of the same code is tried against Inductor's.
     assert tuner._graphable(track(cuda, 0.9), cfg) and tuner._graphed_label(track(cuda, 0.9)) != tuner.GRAPHED_LABEL
+    # Proposed to the gate without a screen there (the screen would time plain launches, the gate Inductor's
+    # replay), and for a plainly compiled graph whose profile says launch overhead is most of the call.
+    assert not tuner._screen_graphed(track(cuda, 0.3), cfg)
+    (cuda / "graph.json").write_text(json.dumps({**meta, "device": "cuda:0", "compile_mode": "plain"}))
+    assert not tuner._screen_graphed(track(cuda, 0.9), cfg)
+    assert tuner._screen_graphed(track(cuda, 0.3), cfg) and tuner._screen_graphed(track(cuda, None), cfg)
 
 
 def test_graphed_layout_key_is_the_arity_and_the_non_tensor_values():

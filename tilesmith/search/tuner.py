@@ -28,6 +28,10 @@ class TunerConfig:
     # The CUDA-graph variant is tried when launch overhead is at least this share of a call (profile),
     # or when there is no profile.
     graph_min_overhead_share: float = 0.2
+    # At this share or more the replay is proposed to the gate without a screen first: removing most of the
+    # launch overhead of such a call is all but certain to win, and the screen (a worker of its own loading
+    # the wrapper twice, ~20 s on an H200) only delays the gate's decision.
+    graph_unscreened_share: float = 0.5
 
 
 def search(track: Track, config: TunerConfig | None = None) -> Generator[Candidate, dict, None]:
@@ -68,6 +72,9 @@ def _graphed_step(track: Track, cfg: TunerConfig) -> Generator[Candidate, dict, 
     """The whole call replayed from a CUDA graph, screened against the current source; yielded when faster."""
     if _graphable(track, cfg) and not track.expired():
         text = graphed_text(track.best_text)
+        if not _screen_graphed(track, cfg):
+            yield Candidate(text, _graphed_label(track))
+            return
         results = screen(track.graph_dir, [("current", track.best_text), (GRAPHED_LABEL, text)],
                          budget_s=cfg.screen_budget_s)
         current, r = results[0].median_ms, results[1]
@@ -151,6 +158,19 @@ def _graphed_label(track) -> str:
 def graphed_text(text: str) -> str:
     """The wrapper with its call(args) replayed from a CUDA graph (once: already graphed stays as is)."""
     return text if _GRAPHED_IMPORT in text else text.rstrip("\n") + _GRAPHED_TAIL
+
+
+def _screen_graphed(track, cfg: TunerConfig) -> bool:
+    """Whether the whole-call replay is screened before the gate. Not for a graph Inductor replays
+    (reduce-overhead): the screen times plain launches, the gate Inductor's own replay, so the screen says
+    nothing the gate needs. Not where the baseline profile puts launch overhead at graph_unscreened_share of
+    the call or more. Screened otherwise (no profile, or overhead between the two shares)."""
+    from tilesmith.workspace import load_graph_json
+
+    if load_graph_json(track.graph_dir).get("compile_mode") == "cudagraphs":
+        return False
+    p = track.profile
+    return p is None or p.launch_overhead_share < cfg.graph_unscreened_share
 
 
 def _graphable(track, cfg: TunerConfig) -> bool:
