@@ -88,7 +88,10 @@ def test_gpu_the_optimize_flow_with_forked_workers_profiles_and_screens(tmp_path
     base = tdir / "baseline.json"  # where the profile's seconds went (1.5 minutes were spent before the track began)
     phases = json.loads(base.read_text()).get("phases_s") if base.exists() else None
     assert not track["profile_error"] and track["baseline_ms"], (track, phases)
-    assert variants and any(v.get("median_ms") for v in variants), (track, variants[:3])
+    # The launch-bound example's replay goes to the gate unscreened (tuner._screen_graphed); whatever the
+    # tuner screened ran, and the track judged a candidate. The screen worker forked alone: the test below.
+    assert all(v.get("median_ms") for v in variants), (track, variants[:3])
+    assert track["candidates"] >= 1, track
 
 
 def test_gpu_forked_profile_and_screen_workers_run_a_captured_graph(tmp_path, monkeypatch):
