@@ -35,6 +35,11 @@ def test_gate_recognises_a_wrapper_that_replays_itself(inference_ws):
     inner = text + "\nfrom tilesmith.cudagraph import graphed\n_g = graphed(call)\n\ndef call(args):\n    return _g(args)\n"
     assert not own_replay(inner)
     assert not own_replay(tuner.graphed_text(text) + "\ncall = call\n")
+    assert not own_replay(tuner.graphed_text(text) + "\ndef call(args):\n    return None\n")
+    assert not own_replay(text + "\nfrom tilesmith.cudagraph import graphed\nif True:\n    call = graphed(call)\n")
+    # Statements after it that do not bind call (Inductor's benchmark block, comments) change nothing.
+    tail = "\nfrom tilesmith.cudagraph import graphed\ncall = graphed(call)  # replay\n"
+    assert own_replay(text + tail + "\ndef benchmark_compiled_module():\n    pass\n\nif __name__ == '__main__':\n    pass\n")
 
 
 def test_a_reduce_overhead_original_is_timed_through_the_trees_against_a_candidate_that_replays_itself(

@@ -78,14 +78,31 @@ def resolve_mode(mode: str, meta: dict) -> str:
 
 def own_replay(text: str) -> bool:
     """Whether a wrapper replays its own launches from CUDA graphs (tilesmith.cudagraph): it imports the
-    helper and its last statement is `call = graphed(call)`, so the module's `call` is the helper's replay,
+    helper and its last top-level statement that binds `call` is `call = graphed(call)` (later ones that do
+    not, e.g. `benchmark_compiled_module` and the `__main__` block, may follow), so the module's `call` is the helper's replay,
     which is what makes the runtime turn Inductor's CUDA graphs off for the graph. A call that only uses a
     replay inside it (`_g = graphed(call)` and a function calling `_g`) would still run under Inductor's
     trees in the program, and is timed like any other candidate."""
+    import ast
+
     if "from tilesmith.cudagraph import graphed" not in text:
         return False
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    return bool(lines) and lines[-1].replace(" ", "") == "call=graphed(call)"
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return False
+    last = None  # the last top-level statement that binds `call` (anywhere inside it)
+    for stmt in tree.body:
+        if any(isinstance(n, ast.Name) and n.id == "call" and isinstance(n.ctx, ast.Store) for n in ast.walk(stmt)) \
+                or any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == "call"
+                       for n in ast.walk(stmt)) \
+                or any(isinstance(n, ast.alias) and (n.asname or n.name) == "call" for n in ast.walk(stmt)):
+            last = stmt
+    return (isinstance(last, ast.Assign) and len(last.targets) == 1 and isinstance(last.targets[0], ast.Name)
+            and last.targets[0].id == "call" and isinstance(last.value, ast.Call)
+            and isinstance(last.value.func, ast.Name) and last.value.func.id == "graphed"
+            and len(last.value.args) == 1 and not last.value.keywords
+            and isinstance(last.value.args[0], ast.Name) and last.value.args[0].id == "call")
 
 
 def _modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None) -> dict:

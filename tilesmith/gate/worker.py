@@ -107,6 +107,7 @@ def op_time_setup(st: State, req: dict) -> dict:
     buffer sets, as a program's weights stay at one address (their content is the same in every timing
     set: gate.original.timing_contents); the other inputs rotate."""
     contents = torch.load(req["sets_file"], weights_only=True)["inputs"]
+    st.trees_fallback = ""  # this request's roles only (a kept worker times later decisions too)
     n = max(1, int(req.get("buffers") or len(contents)))
     st.shared = parameter_indices(st.data.meta) if st.data else set()
     for role in req["roles"]:
