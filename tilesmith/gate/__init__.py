@@ -18,11 +18,13 @@ from pathlib import Path
 from tilesmith import paths
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.original import Reference, load_raw, save_sets
+from tilesmith.gate.modes import _modes, own_replay, resolve_mode
 from tilesmith.gate.proc import calm_spares, usable_cores
 from tilesmith.gate.verdict import MODES, STAGES, Pass, Policy, Reason, SetCorrectness, Timing, Verdict
 from tilesmith.workspace import load_graph_json
 
-__all__ = ["judge", "Policy", "Verdict", "Reason", "Pass", "SetCorrectness", "Timing", "STAGES", "MODES"]
+__all__ = ["judge", "Policy", "Verdict", "Reason", "Pass", "SetCorrectness", "Timing", "STAGES", "MODES", "own_replay",
+           "resolve_mode"]
 
 
 def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=None, spares=None) -> Verdict:
@@ -61,68 +63,6 @@ def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=N
             _run(v, gdir, meta, raw, Path(scratch), policy, mode, note, spares)
     v.wall_s = time.monotonic() - t0
     return v
-
-
-def resolve_mode(mode: str, meta: dict) -> str:
-    """auto: CUDA-graph replay for graphs compiled with CUDA graphs, plain launches otherwise."""
-    if mode not in MODES:
-        raise TilesmithError(f"unknown timing mode {mode!r}", code="usage", hint="use auto, launch or graph")
-    cuda = str(meta.get("device", "")).startswith("cuda")
-    if mode == "auto":
-        return "graph" if cuda and meta.get("compile_mode") == "cudagraphs" else "launch"
-    if mode == "graph" and not cuda:
-        raise TilesmithError("graph mode needs a CUDA graph; this one runs on " + str(meta.get("device")),
-                             code="usage", hint="use --mode launch")
-    return mode
-
-
-def own_replay(text: str) -> bool:
-    """Whether a wrapper replays its own launches from CUDA graphs (tilesmith.cudagraph): it imports the
-    helper and its last top-level statement that binds `call` is `call = graphed(call)` (later ones that do
-    not, e.g. `benchmark_compiled_module` and the `__main__` block, may follow), so the module's `call` is the helper's replay,
-    which is what makes the runtime turn Inductor's CUDA graphs off for the graph. A call that only uses a
-    replay inside it (`_g = graphed(call)` and a function calling `_g`) would still run under Inductor's
-    trees in the program, and is timed like any other candidate."""
-    import ast
-
-    if "from tilesmith.cudagraph import graphed" not in text:
-        return False
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return False
-    last = None  # the last top-level statement that binds `call` (anywhere inside it)
-    for stmt in tree.body:
-        if any(isinstance(n, ast.Name) and n.id == "call" and isinstance(n.ctx, ast.Store) for n in ast.walk(stmt)) \
-                or any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == "call"
-                       for n in ast.walk(stmt)) \
-                or any(isinstance(n, ast.alias) and (n.asname or n.name) == "call" for n in ast.walk(stmt)):
-            last = stmt
-    return (isinstance(last, ast.Assign) and len(last.targets) == 1 and isinstance(last.targets[0], ast.Name)
-            and last.targets[0].id == "call" and isinstance(last.value, ast.Call)
-            and isinstance(last.value.func, ast.Name) and last.value.func.id == "graphed"
-            and len(last.value.args) == 1 and not last.value.keywords
-            and isinstance(last.value.args[0], ast.Name) and last.value.args[0].id == "call")
-
-
-def _modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None) -> dict:
-    """Roles timed in another mode than the graph's. Inductor replays the original of a graph compiled
-    with CUDA graphs; a candidate that replays itself (the runtime turns Inductor's CUDA graphs off for a
-    graph whose artifact does) is timed as plain calls of its own replay: each the way it would run. The
-    original it replaces then runs as the program would run it, through Inductor's cudagraph trees, on
-    their cheapest path (gate/worker_trees.py); a bare replay where the trees cannot be set up."""
-    if mode != "graph" or not own_replay(raw.decode(errors="replace")):
-        return {}
-    modes = {"candidate": "launch", "baseline": "trees"}
-    if timing_base is not None and own_replay(timing_base.read_text()):
-        modes["baseline"] = "launch"  # the best so far replays itself too: like with like
-        v.warnings.append(Reason("own-replay", "the candidate replays its own CUDA graph, as does the best so "
-                                               "far: both timed as plain calls of their own replay"))
-    else:
-        v.warnings.append(Reason("own-replay", "the candidate replays its own CUDA graph: timed as plain calls "
-                                               "against the original run through Inductor's cudagraph trees "
-                                               "(every input static, no input copied: their cheapest path)"))
-    return modes
 
 
 def graph_device(meta: dict) -> str:
