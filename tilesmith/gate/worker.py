@@ -27,6 +27,7 @@ from tilesmith.gate.fingerprint import _state_change, process_state  # noqa: E40
 from tilesmith.gate.inputs import parameter_indices  # noqa: E402
 from tilesmith.gate.worker_outputs import _call, op_outputs, op_ref64  # noqa: E402
 from tilesmith.gate.worker_tensors import _as_list, _refill, _to_cpu, _to_device  # noqa: E402
+from tilesmith.gate.worker_warm import warm_device, warm_inductor  # noqa: E402
 
 _CUDA = torch.cuda.is_available()
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
@@ -332,46 +333,6 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-# What Inductor's wrapper headers import (CPU and Triton); trusted torch modules, imported before any
-# wrapper so a worker started early does not pay for them when its candidate arrives. Names missing in
-# one torch version are skipped.
-_WRAPPER_IMPORTS = ("torch._inductor.async_compile", "torch._inductor.codegen.memory_planning", "torch._inductor.hooks",
-                    "torch._inductor.select_algorithm", "torch._inductor.utils", "torch._inductor.codegen.multi_kernel")
-_TRITON_IMPORTS = ("triton", "triton.language", "torch._inductor.runtime.triton_heuristics",
-                   "torch._inductor.runtime.triton_helpers", "torch._inductor.runtime.hints")
-
-
-def _warm_inductor(device: str) -> None:
-    """Import what a wrapper will import and, on CPU, run Inductor's vector-ISA probe (about a second of
-    test compiles, cached for the process): still no wrapper code in this process."""
-    import importlib
-
-    names = _WRAPPER_IMPORTS + (_TRITON_IMPORTS + ("tilesmith.gate.worker_trees",) if device.startswith("cuda") else ())
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception:  # absent in this torch version: the wrapper that needs it says so when loaded
-            pass
-    if not device.startswith("cuda"):
-        try:
-            from torch._inductor import cpu_vec_isa
-
-            cpu_vec_isa.pick_vec_isa()
-        except Exception:
-            pass
-
-
-def _warm_device(device: str) -> None:
-    """Create the CUDA context now (a second or so), so a worker started early has it before its candidate
-    arrives; still a fresh context: no wrapper code has run in this process."""
-    if _CUDA and device.startswith("cuda"):
-        try:
-            torch.empty(1, device=device)
-            torch.cuda.synchronize(device)
-        except Exception:  # the first real request reports any CUDA problem with its reason
-            pass
-
-
 def main(fd: int) -> None:
     out = os.fdopen(fd, "w", buffering=1)
     st = State()
@@ -389,8 +350,8 @@ def main(fd: int) -> None:
         codecache._HEADER_DIR = header_dir
         codecache._HEADER_LOCK_DIR = os.path.join(header_dir, "locks")
     device = os.environ.get("TILESMITH_GATE_DEVICE", "cpu")
-    _warm_inductor(device)
-    _warm_device(device)
+    warm_inductor(device)
+    warm_device(device)
     global _STARTUP_S
     _STARTUP_S = (_perf_ns() - _T0_NS) / 1e9
     for line in sys.stdin:

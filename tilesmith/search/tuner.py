@@ -29,8 +29,9 @@ class TunerConfig:
     # or when there is no profile.
     graph_min_overhead_share: float = 0.2
     # At this share or more the replay is proposed to the gate without a screen first: removing most of the
-    # launch overhead of such a call is all but certain to win, and the screen (a worker of its own loading
-    # the wrapper twice, ~20 s on an H200) only delays the gate's decision.
+    # launch overhead of such a call is all but certain to win, and the screen (a worker of its own that
+    # loads the wrapper: the profile worker's load of a model's graph took 12-16 s on the H200) only delays
+    # the gate's decision.
     graph_unscreened_share: float = 0.5
 
 
@@ -69,7 +70,8 @@ def search(track: Track, config: TunerConfig | None = None) -> Generator[Candida
 
 
 def _graphed_step(track: Track, cfg: TunerConfig) -> Generator[Candidate, dict, None]:
-    """The whole call replayed from a CUDA graph, screened against the current source; yielded when faster."""
+    """The whole call replayed from a CUDA graph: screened against the current source and yielded when
+    faster, or yielded straight away where a screen would say nothing the gate needs (_screen_graphed)."""
     if _graphable(track, cfg) and not track.expired():
         text = graphed_text(track.best_text)
         if not _screen_graphed(track, cfg):
