@@ -1,7 +1,7 @@
 """Model suite: real models from libraries, every torch.compile mode and tilesmith over each.
 
     python benchmarks/models.py run [--models moe,gpt2,resnet18,gpt2-train] [--modes ...]
-                                    [--tilesmith-on default,reduce-overhead] [--max-minutes 1] [--profile-calls 50]
+                                    [--tilesmith-on default,reduce-overhead] [--max-minutes 1] [--loops 2] [--profile-calls 50]
                                     [--dry-run]
 
 Models are built from configs, no weights downloaded (the GPU machine has no network): `moe` (the
@@ -175,7 +175,7 @@ def plan(a, device: str) -> dict:
     paths = ["eager"] + [f"compile {m}" for m in modes] + [f"tilesmith on {m}" for m in ts]
     profile_calls = a.profile_calls if a.profile_calls is not None else 50 if device.startswith("cuda") else 0
     return {"models": models, "modes": modes, "tilesmith_on": ts, "paths": paths, "device": device,
-            "max_minutes": a.max_minutes, "seconds": a.seconds, "calls": a.calls, "optimizer": a.optimizer,
+            "max_minutes": a.max_minutes, "loops": a.loops, "seconds": a.seconds, "calls": a.calls, "optimizer": a.optimizer,
             "profile_calls": profile_calls}
 
 
@@ -187,7 +187,7 @@ def run_model(name: str, p: dict, out: Path, a) -> dict:
         home = out / name / m / "home"
         shutil.rmtree(home, ignore_errors=True)  # a fresh store: the whole flow runs, no exact hit
         os.environ["TILESMITH_HOME"] = homes[m] = str(home)
-        extra = ["--max-minutes", str(a.max_minutes)] if a.max_minutes else []
+        extra = (["--max-minutes", str(a.max_minutes)] if a.max_minutes else []) + ["--loops", str(a.loops)]
         try:
             run, secs = flow.capture_optimize_install(
                 __file__, ["model", "--name", name, "--mode", m, "--device", p["device"], "--steps", "3"],
@@ -345,6 +345,9 @@ def main() -> int:
     r.add_argument("--tilesmith-on", default="default,reduce-overhead",
                    help="the user's modes tilesmith starts from ('none': no tilesmith path)")
     r.add_argument("--max-minutes", type=float, default=1.0, help="optimize budget per model and mode")
+    r.add_argument("--loops", type=int, default=2,
+                   help="accepted candidates per graph before its track ends (the README's flow: 2; the tuner's "
+                        "second loop is where re-lowering and kernel settings go on top of a replay)")
     r.add_argument("--seconds", type=float, default=8.0, help="timing budget per model, interleaved rounds")
     r.add_argument("--calls", type=int, default=10, help="steps per timed sample")
     r.add_argument("--min-rounds", type=int, default=10)
