@@ -54,6 +54,25 @@ def test_gate_estimate_of_the_step_is_scaled_only_when_every_graph_has_a_baselin
     assert t["estimate_scaled"] is True and t["gate_estimate_ms"] == 6.0
 
 
+def test_a_tilesmith_path_with_nothing_installed_counts_as_its_own_modes_step_not_as_a_win():
+    """GPT-2 under reduce-overhead on the H200 (session 14): nothing accepted, and the tilesmith path measured
+    1.036x of the mode by noise alone. Such a path runs the mode's own code: its row is the mode's step."""
+    from benchmarks import models
+
+    rows = [{"path": "compile default", "median_ms": 1.2}, {"path": "compile reduce-overhead", "median_ms": 0.2055},
+            {"path": "tilesmith on reduce-overhead", "median_ms": 0.1985}]
+    res = {"rows": rows, "tilesmith": {"reduce-overhead": {"tracks": [
+        {"status": "exhausted", "baseline_ms": 1.27, "best_ms": None, "speedup": None}]}}}
+    h = models.headline(res)
+    t = h["tilesmith_paths"]["reduce-overhead"]
+    assert t["nothing_installed"] is True and t["measured_step_ms"] == 0.1985
+    assert t["step_ms"] == 0.2055 and t["vs_best_mode"] == 1.0 and h["tilesmith_best_vs_best_mode"] == 1.0
+    # One graph accepted: the measured step counts.
+    res["tilesmith"]["reduce-overhead"]["tracks"][0].update(status="done", best_ms=1.0, speedup=1.27)
+    t = models.headline(res)["tilesmith_paths"]["reduce-overhead"]
+    assert t["nothing_installed"] is False and t["step_ms"] == 0.1985 and t["vs_best_mode"] > 1.03
+
+
 def test_each_worker_answers_profile_with_host_and_wall_time_and_no_gpu_figures_on_cpu(tmp_path):
     from benchmarks import flow
 

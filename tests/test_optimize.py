@@ -326,6 +326,34 @@ def test_no_decision_starts_after_the_budget_ran_out_while_a_candidate_was_propo
     assert judged == []
 
 
+def test_an_optimizer_that_stops_at_the_time_limit_leaves_its_track_interrupted_not_exhausted():
+    """The tuner returns when track.expired(): that is the budget's end, not "nothing more to try" (GPT-2
+    under reduce-overhead on the H200, session 14, read as exhausted with a screened win never judged)."""
+    from tilesmith.search import drive
+
+    class Clock:
+        late = False
+
+        def expired(self):
+            return self.late
+
+    clock = Clock()
+
+    def propose():
+        verdict = yield Candidate("a", "first")
+        assert verdict == {"accepted": False}
+        clock.late = True  # the next screens ran past the budget: the generator gives up
+        return
+
+    assert drive(propose(), clock, 1, lambda c: {"accepted": False}) == ("interrupted", "")
+
+    def runs_dry():
+        yield Candidate("a", "only")
+
+    assert drive(runs_dry(), Clock(), 1, lambda c: {"accepted": False}) == (
+        "exhausted", "the optimizer has nothing more to try")
+
+
 def test_submit_judges_nothing_once_the_budget_is_spent_whichever_optimizer_asks(oversub_ws):
     """The agent's warm start and gate node call submit themselves (not through drive): the budget check
     is in the one place every decision passes."""

@@ -111,6 +111,8 @@ def drive(candidates: Generator[Candidate, dict, None], track: Track, loops: int
         try:
             cand = candidates.send(verdict) if verdict is not None else next(candidates)
         except StopIteration:
+            if track.expired():  # it stopped because the time limit came, not because it ran out of ideas
+                return "interrupted", ""
             return ("exhausted" if loops_done == 0 else "done"), "the optimizer has nothing more to try"
         if track.expired():  # the budget ran out while it was proposed (screens take a while): no decision
             return "interrupted", ""  # starts after the budget; one already started finishes
