@@ -32,8 +32,10 @@ from them and its own size checks ran at the capture):
   replay overwrites that memory, the storages' reference counts show whether the caller still holds
   any of them. A loop that keeps the last step's output while it makes the next call (`y = model(x)`
   in a loop) is the common case: a second instance of the graph, captured into memory of its own
-  (ROTATE instances at most), takes the calls while the first one's outputs are held, and the two
-  alternate, so no output is copied. A caller that holds the outputs of every instance keeps them across
+  takes the calls while the first one's outputs are held, and the two alternate, so no output is
+  copied. A caller that holds two calls' outputs at once (the last one and one it keeps for later, as the
+  gate keeps a randomly drawn call's outputs for its checks) gets a third instance (ROTATE instances at
+  most). A caller that holds the outputs of every instance keeps them across
   calls: those outputs are copied out from then on and the graph is re-recorded around the memory the
   caller holds, which never changes. Outputs that are views of inputs come back as views of the
   caller's inputs.
@@ -65,8 +67,14 @@ MAX_LAYOUTS = 8  # graphs kept per wrapper; more layouts (dynamic shapes) run pl
 MAX_GRAPH_BYTES = cudagraph_record.MAX_GRAPH_BYTES  # what one capture may newly reserve (set and checked there)
 MAX_RECORDS = 6  # captures per layout (the first, then re-records); past it the layout runs plain
 # Instances of one record, each with its own memory pool, that take turns while the caller holds the
-# outputs of the others (a loop holding the last step's output: two suffice).
-ROTATE = 2
+# outputs of the others. A loop holding the last step's output needs two; a third serves a caller that also
+# keeps one earlier call's outputs: the gate does, for its checks (a call drawn at random in each timed
+# sample). With two, the gate's timing of a replay went over to copying every output out, a cost the program
+# it stands for never pays (one likely part of the gap on the H200, session 14: the MoE's replay timed 0.140 ms
+# per call at the gate, its step 0.116 ms in the program; not yet measured with three).
+# A further instance exists only while a caller holds that many calls' outputs; each is bounded like the first
+# (MAX_GRAPH_BYTES).
+ROTATE = 3
 _PLAIN = object()  # a layout's answer: make the plain call this time
 # The raw calls of the steady-state path (CUDA builds; a CPU build never reaches it: no layout there is hot).
 _cur_device = getattr(torch._C, "_cuda_getDevice", None)
