@@ -144,7 +144,7 @@ def device_summary(events, n: int) -> dict:
 
 def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, calls: int,
                          min_rounds: int = 10, profile_calls: int = 0,
-                         min_sample_ms: float = 0.0) -> tuple[dict, dict, dict]:
+                         min_sample_ms: float = 0.0, ready_s: float | None = None) -> tuple[dict, dict, dict]:
     """Each path in its own process (Dynamo caches and the runtime hook cannot leak between paths),
     timed in interleaved rounds, the first of each round rotating. `worker_cmd(name, out_file)` is
     the command line of one worker. Returns (samples ms per path, max |error| vs names[0], extras).
@@ -154,6 +154,11 @@ def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, 
     quarter as many untimed ones: ten 0.1-ms CUDA-graph replays right after another process had the GPU
     measured 0.238 ms per call where fifty back to back measured 0.131 (the H200, session 11). Each
     path's calls per sample and warm-up calls are in its extras' "sampling".
+    ready_s: a path whose worker is not ready (compiled, first output saved) that many seconds after the
+    workers start is left out, its worker ended, and the others are timed: on the H200 max-autotune's
+    compile of ResNet-18 outlasted a 10-minute device call, and every other path's numbers went with it.
+    A left-out path has no samples; its extras say why ({"error": ..., "left_out": True}). The first path
+    (the reference for the error column) is never left out: without it nothing is compared.
     """
     import torch
 
@@ -180,11 +185,21 @@ def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, 
         out_file = f"{out_dir}/{name.replace(' ', '_')}.pt"
         procs[name] = (subprocess.Popen(worker_cmd(name, out_file), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         text=True, bufsize=1), out_file)
+    left_out = {}
     try:
-        for name, (p, _) in procs.items():
-            line = p.stdout.readline()
+        ready_by = time.monotonic() + ready_s if ready_s else None
+        for name, (p, _) in list(procs.items()):
+            line = _ready_line(p, None if name == names[0] else ready_by)
+            if line is None:
+                p.kill()
+                p.wait()
+                left_out[name] = {"error": f"not ready {ready_s:g} s after the workers started (still compiling): "
+                                           "left out, the other paths timed", "left_out": True}
+                del procs[name]
+                continue
             if line.strip() != "ready":
                 raise SystemExit(f"path '{name}' failed to start: {line.strip()!r} (exit {p.poll()})")
+        names = [n for n in names if n in procs]
         ref = torch.load(procs[names[0]][1])
         errors = {n: float((torch.load(f) - ref).abs().max()) for n, (_, f) in procs.items()}
         samples = {n: [] for n in names}
@@ -211,11 +226,21 @@ def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, 
             extras[n]["sampling"] = {"calls": plan[n][0], "warmup": plan[n][1]}
             if n in profiles:
                 extras[n]["profile"] = profiles[n]
-        return samples, errors, extras
+        return samples, errors, {**extras, **left_out}
     finally:
         for p, _ in procs.values():
             if p.poll() is None:
                 p.kill()
+
+
+def _ready_line(p: subprocess.Popen, by: float | None) -> str | None:
+    """The worker's first line; None when `by` (a monotonic time) passes first."""
+    if by is not None:
+        import select
+
+        if not select.select([p.stdout], [], [], max(0.0, by - time.monotonic()))[0]:
+            return None
+    return p.stdout.readline()
 
 
 def iqr(v: list[float]) -> float:

@@ -3,7 +3,7 @@
 #   1. benchmarks/models.py run: the model suite (capture, optimize with the tuner, install, then every
 #      torch.compile mode and tilesmith timed interleaved, each path in its own process). MODELS picks
 #      the models (two fit one call; e.g. MODELS=resnet18,gpt2-train for a second call; none: skip), TS_ON the
-#      modes tilesmith starts from, MODES the compile modes timed, MAX_MINUTES the optimize budget, LOOPS the accepted candidates per graph.
+#      modes tilesmith starts from, MODES the compile modes timed, MAX_MINUTES the optimize budget, LOOPS the accepted candidates per graph, READY_MINUTES how long a path may compile before it is left out.
 #   2. benchmarks/replay_host.py: host time per call of the lean CUDA-graph replay (~20 s)
 #   3. the gate calibration with whatever time is left (A/A on the small example, power near 5 % on the same
 #      script at POWER_BATCH, default 32768: a 0.26 ms graph, where a 5 % slower copy can be made; seconds per decision)
@@ -18,7 +18,7 @@ left() { echo $((LIMIT - SECONDS)); }
 
 [ "${MODELS:-}" = none ] || timeout $(( $(left) - 60 )) python3 benchmarks/models.py run --models "${MODELS:-moe,gpt2}" \
     --modes "${MODES:-default,reduce-overhead,max-autotune-no-cudagraphs}" --tilesmith-on "${TS_ON:-default,reduce-overhead}" \
-    --max-minutes "${MAX_MINUTES:-0.75}" --loops "${LOOPS:-2}" --seconds "${SECONDS_PER_MODEL:-6}" --deadline-minutes 5 \
+    --max-minutes "${MAX_MINUTES:-0.75}" --loops "${LOOPS:-2}" --ready-minutes "${READY_MINUTES:-4}" --seconds "${SECONDS_PER_MODEL:-6}" --deadline-minutes 5 \
     --out-dir /tmp/models-out > "$OUT/models.log" 2>&1
 echo "models rc=$? after ${SECONDS} s" | tee -a "$OUT/models.log"
 cp /tmp/models-out/models.json "$OUT/" 2>/dev/null

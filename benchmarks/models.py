@@ -209,10 +209,15 @@ def run_model(name: str, p: dict, out: Path, a) -> dict:
     try:
         samples, errors, extras = flow.measure_in_processes(cmd, names, str(out / name), a.seconds, a.calls,
                                                             min_rounds=a.min_rounds, profile_calls=p["profile_calls"],
-                                                            min_sample_ms=a.min_sample_ms)
+                                                            min_sample_ms=a.min_sample_ms,
+                                                            ready_s=a.ready_minutes * 60 if a.ready_minutes else None)
     except SystemExit as e:
         res["errors"].append(f"timing: {e}")
         return res
+    for n in [n for n in names if n not in samples]:  # left out: not compiled within --ready-minutes
+        res["errors"].append(f"{n}: {extras.pop(n)['error']}")
+        print(f"{name}: {res['errors'][-1]}", flush=True)
+    names = [n for n in names if n in samples]
     print(f"\n{name}: per step, interleaved rounds")
     res["rows"] = flow.table(samples, errors, "eager", "compile default" if "compile default" in samples else None)
     if p["profile_calls"]:
@@ -359,6 +364,9 @@ def main() -> int:
                         "second loop is where re-lowering and kernel settings go on top of a replay)")
     r.add_argument("--seconds", type=float, default=8.0, help="timing budget per model, interleaved rounds")
     r.add_argument("--calls", type=int, default=10, help="steps per timed sample")
+    r.add_argument("--ready-minutes", type=float, default=None,
+                   help="a path not compiled and ready this long after its model's workers start is left out "
+                        "and the others are timed (default: wait for every path)")
     r.add_argument("--min-rounds", type=int, default=10)
     r.add_argument("--min-sample-ms", type=float, default=25.0,
                    help="each timed sample is as many steps (at least --calls) as last this long, after a quarter "

@@ -92,6 +92,24 @@ def test_each_worker_answers_profile_with_host_and_wall_time_and_no_gpu_figures_
     assert prof["gpu_busy_ms"] is None and prof["kernels_per_step"] is None and prof["top"] is None
 
 
+def test_a_path_still_compiling_at_the_ready_deadline_is_left_out_and_the_others_are_timed(tmp_path):
+    """On the H200 max-autotune's compile of ResNet-18 outlasted the device call, and the other paths'
+    numbers were lost with it: a path not ready by the deadline is now left out, its worker ended."""
+    from benchmarks import flow
+
+    def cmd(path: str, out_file: str) -> list[str]:
+        if path == "compiling forever":
+            return [sys.executable, "-c", "import time; time.sleep(600)"]
+        return [sys.executable, str(SCRIPT), "worker", "--name", "tiny", "--path", path, "--device", "cpu",
+                "--out", out_file]
+
+    samples, errors, extras = flow.measure_in_processes(cmd, ["eager", "compiling forever"], str(tmp_path), 0.0, 2,
+                                                        min_rounds=2, ready_s=1.0)
+    assert list(samples) == ["eager"] and len(samples["eager"]) == 2 and errors == {"eager": 0.0}
+    assert extras["compiling forever"]["left_out"] is True
+    assert "not ready 1 s after the workers started" in extras["compiling forever"]["error"]
+
+
 def test_gpu_busy_time_is_the_union_of_device_events_without_annotation_spans():
     from types import SimpleNamespace as NS
 
