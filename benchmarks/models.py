@@ -275,7 +275,9 @@ def headline(res: dict) -> dict:
         # Its ratio is then the own mode's measured step, not a win; the measured one is kept beside it.
         idle = not accepted and own is not None
         ts[m] = {"step_ms": own if idle else ms, "measured_step_ms": ms, "nothing_installed": not accepted,
-                 "vs_best_mode": compiled[best] / (own if idle else ms), "vs_own_mode": own / ms if own else None,
+                 "counted_as_own_mode": idle,
+                 "vs_best_mode": compiled[best] / (own if idle else ms),
+                 "vs_own_mode": 1.0 if idle else own / ms if own else None,
                  "track_statuses": dict(statuses),
                  "gate_accepted_speedups": accepted,
                  "gate_estimate_ms": own - saved if own else None, "estimate_scaled": scaled, "measured_vs_estimate": (own - saved) / ms
@@ -294,7 +296,7 @@ def summary(results: list[dict]) -> dict:
         cells = []
         for m in _ts_modes(results):
             t = r["tilesmith_paths"].get(m)
-            cells.append(f"{t['step_ms']:8.4f} ms {t['vs_best_mode']:6.3f}x{'*' if t.get('nothing_installed') else ''}"
+            cells.append(f"{t['step_ms']:8.4f} ms {t['vs_best_mode']:6.3f}x{'*' if t.get('counted_as_own_mode') else ''}"
                          if t else f"{'-':>24}")
         best = r.get("tilesmith_best_vs_best_mode")
         print(f"{r['model']:12} {r['best_mode']:30} {r['best_ms']:9.4f} " + " ".join(f"{c:>24}" for c in cells)
@@ -302,9 +304,12 @@ def summary(results: list[dict]) -> dict:
         for m, t in r["tilesmith_paths"].items():  # a ratio near 1 can mean nothing was optimized: say so
             if t.get("track_statuses", {}).keys() - {"done", "cached"}:
                 print(f"{'':12} tilesmith on {m}: graphs by track status {t['track_statuses']}")
-            if t.get("nothing_installed"):
+            if t.get("counted_as_own_mode"):
                 print(f"{'':12} * tilesmith on {m}: nothing accepted, nothing installed: the row is compile {m}'s "
                       f"step (its own path measured {t['measured_step_ms']:.4f} ms, the same code)")
+            elif t.get("nothing_installed"):
+                print(f"{'':12} tilesmith on {m}: nothing accepted, nothing installed (compile {m} not timed: the "
+                      f"row is the path's own measured step, the same code as that mode)")
     ratios = [r["tilesmith_best_vs_best_mode"] for r in results if r.get("tilesmith_best_vs_best_mode")]
     geo = math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else None
     print(f"geometric mean of tilesmith's best vs each model's best compile mode: "

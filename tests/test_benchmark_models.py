@@ -67,6 +67,7 @@ def test_a_tilesmith_path_with_nothing_installed_counts_as_its_own_modes_step_no
     t = h["tilesmith_paths"]["reduce-overhead"]
     assert t["nothing_installed"] is True and t["measured_step_ms"] == 0.1985
     assert t["step_ms"] == 0.2055 and t["vs_best_mode"] == 1.0 and h["tilesmith_best_vs_best_mode"] == 1.0
+    assert t["counted_as_own_mode"] is True and t["vs_own_mode"] == 1.0
     # One graph accepted: the measured step counts.
     res["tilesmith"]["reduce-overhead"]["tracks"][0].update(status="done", best_ms=1.0, speedup=1.27)
     t = models.headline(res)["tilesmith_paths"]["reduce-overhead"]

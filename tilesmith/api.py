@@ -158,7 +158,9 @@ class Optimized:
             warnings.warn(f"tilesmith: optimization failed ({e}); running Inductor's code", stacklevel=2)
             return
         for t in result.tracks:
-            if t.status in ("done", "cached") and (t.loops_done or t.status == "cached"):
+            # An accepted loop counts whatever ended the track after it (a track the time limit stopped in its
+            # next loop is "interrupted": its confirmed win was installed above all the same).
+            if t.loops_done or t.status == "cached":
                 self._swap(t.key)
 
     def _swap(self, key: str) -> None:

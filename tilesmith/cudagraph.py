@@ -129,8 +129,10 @@ class Graphed:
             lay = self._find(real)
         if lay is not None and lay.reason is None and not lay.capturing():
             with self._lock:
-                out = lay.call(real)
-                lay.settle()
+                try:
+                    out = lay.call(real)
+                finally:
+                    lay.settle()
             if out is not _PLAIN:
                 self.replays += 1
                 return out
@@ -208,6 +210,9 @@ class _Layout:
             return torch.cuda.is_current_stream_capturing()
 
     def call(self, real: list):
+        # The steady-state path's view of the instances goes first: a re-record lets go of the old ones (their
+        # outputs' memory goes to the new capture), which a list of them kept here would hold on to.
+        self.hot = None
         self.calls += 1
         if self.calls == 1:
             return _PLAIN  # the warm-up: lazy initialisation and autotuning happen outside any capture
@@ -261,9 +266,17 @@ class _Layout:
                 self.recs.append(rec)
                 return out
         except _NotGraphable as e:
-            self.reason = str(e)
+            why = str(e)
         except Exception as e:  # noqa: BLE001 - any failure to capture means: run plain
-            self.reason = f"capture failed: {type(e).__name__}: {e}"[:300]
+            why = f"capture failed: {type(e).__name__}: {e}"[:300]
+        if len(self.recs) >= 2:
+            # A further instance did not fit (memory, MAX_GRAPH_BYTES): the ones there still work, as with
+            # ROTATE of them. Copy the held outputs out from now on and capture again, instead of running plain.
+            self.copy_out |= set().union(*(r.busy_outputs() for r in self.recs))
+            self.why.append(f"instance {len(self.recs) + 1} failed ({why[:120]}): held outputs "
+                            f"{_positions(sorted(self.copy_out))} copied out")
+            return self._record(real)
+        self.reason = why
         self.recs = []
         return _PLAIN
 

@@ -119,6 +119,39 @@ def test_gpu_graphed_loop_that_holds_the_last_output_alternates_two_instances_an
     assert len(set(ptrs[3:])) == 2 and ptrs[3] != ptrs[4] == ptrs[6]  # two instances take turns
 
 
+def test_gpu_graphed_a_further_instance_that_fails_to_capture_copies_held_outputs_out_instead_of_running_plain(
+        launch_graph, monkeypatch):
+    """A third instance that does not fit (out of memory, over MAX_GRAPH_BYTES) leaves the two there working:
+    the held outputs are copied out from then on, and the layout keeps replaying."""
+    from tilesmith import cudagraph, loading
+
+    data, plain, wrapped = _modules(launch_graph)
+    args = loading.clone_args(data.inputs)
+    sets = [_fresh(data.inputs, s) for s in range(3)]
+    real_capture = cudagraph._Record.capture.__func__
+    n = [0]
+
+    def capture(cls, lay, real, pool):
+        n[0] += 1
+        if n[0] == 3:
+            raise torch.cuda.OutOfMemoryError("no room for a third instance")
+        return real_capture(cls, lay, real, pool)
+
+    monkeypatch.setattr(cudagraph._Record, "capture", classmethod(capture))
+    held = []
+    for k in range(7):  # every output kept: the third instance is asked for, and fails
+        for a, b in zip(args, sets[k % 3]):
+            if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
+                a.copy_(b)
+        want = [w.clone() for w in plain.call(list(args))]
+        held.append((wrapped.call(list(args)), want))
+    for got, want in held:  # nothing kept was overwritten
+        _close(got, want)
+    (lay,) = wrapped.call.describe()
+    assert lay["reason"] is None and wrapped.call.plain_calls == 1 and wrapped.call.replays == 6, lay
+    assert lay["outputs_copied"] >= 1 and any("instance 3 failed" in w for w in lay["why_captured"]), lay
+
+
 def test_gpu_graphed_hands_out_the_graphs_own_outputs_when_the_caller_drops_them(launch_graph):
     from tilesmith import loading
 
