@@ -155,3 +155,41 @@ def test_gate_rejects_bfloat16_accumulation_in_a_bfloat16_graph_as_lower_precisi
     v = _judge(bf16_graph, h.mm_accumulating_in_bfloat16(_original(bf16_graph)), tmp_path)
     assert not v.accepted and v.stage == "correctness" and v.reference64
     assert set(v.codes) == {"precision"}, v.reasons
+
+
+def test_graph_timing_sizes_its_samples_again_from_the_original_timed_alone_in_its_own_mode(inf_graph, tmp_path):
+    """The gate's step for graph timing (gate._resized), against a real timer worker: samples sized from a
+    slow per-call time (plain launches of a graph a replay runs several times faster) get as many calls as
+    the original's own per-call time asks for, with the buffer sets set up again where they must grow."""
+    from types import SimpleNamespace as NS
+
+    from tilesmith.gate import _resized, proc, timing
+    from tilesmith.gate.inputs import parameter_indices
+    from tilesmith.gate.original import save_sets, timing_contents
+    from tilesmith.loading import load_graph_data
+    from tilesmith.workspace import load_graph_json
+
+    policy = _policy(target_sample_ms=50.0)
+    meta, data = load_graph_json(inf_graph), load_graph_data(inf_graph)
+    contents, shared = timing_contents(meta, data.inputs, 1, policy), parameter_indices(meta)
+    w = proc.start_worker("timer", tmp_path, "cpu", (inf_graph,))
+    try:
+        w.request({"op": "load", "graph_dir": str(inf_graph), "baseline": True, "device": "cpu"}, 600)
+        reps, buffers = timing.sample_size(policy, 500e6, contents, shared)  # "0.5 s a call": one call a sample
+        ctx, setups = {"policy": policy, "buffers": buffers}, []
+
+        def setup(pin: bool) -> None:  # as the gate sets up each role again
+            setups.append(ctx["buffers"])
+            f = w.dir / "contents.pt"  # in the worker's own folder: its sandbox reads nothing else of ours
+            save_sets(f, contents, torch)
+            w.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch",
+                       "buffers": ctx["buffers"]}, 120)
+
+        setup(True)
+        got = _resized(ctx, NS(timer=w, base_role="baseline"), reps, contents, shared, setup)
+    finally:
+        w.close()
+    probe = ctx["solo_in_mode_ns"]
+    assert reps == 1 and 0 < probe < 500e6
+    assert got == timing.sample_size(policy, probe, contents, shared)[0] > 1  # the per-call time measured here
+    assert got <= ctx["buffers"] and setups == [buffers] + ([ctx["buffers"]] if ctx["buffers"] > buffers else [])

@@ -271,3 +271,16 @@ def test_value_comparison_decides_as_before_its_float32_fast_path():
                         cases += 1
     assert cases == 4 * 3 * 6 * 4 * 2
     assert compare_values(torch.empty(0, 3), torch.empty(0, 3)).ok
+
+
+def test_samples_sized_from_plain_launches_grow_for_a_replay_timed_in_its_own_mode_never_past_the_buffers():
+    """In graph timing the sizes came from the original's plain launches: on the H200 the MoE's samples were
+    2 calls (0.3 ms of replays) where a sample should take about 2 ms. Sized again from the replay's own
+    per-call time: more calls and, where needed, more buffer sets (never more calls than sets); never fewer."""
+    policy = Policy()
+    contents = [("captured", [torch.zeros(8, 8), torch.zeros(4)])]
+    reps, buffers = timing.sample_size(policy, 1.0e6, contents, set())  # 1 ms a call as plain launches
+    assert reps <= buffers and reps == max(1, round(policy.target_sample_ms))
+    more, sets, again = timing.resize(policy, reps, buffers, 0.15e6, contents, set())  # 0.15 ms replayed
+    assert more == round(policy.target_sample_ms / 0.15) and sets >= more and again == (sets > buffers)
+    assert timing.resize(policy, reps, buffers, 5.0e6, contents, set()) == (reps, buffers, False)  # never fewer

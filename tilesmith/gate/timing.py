@@ -312,6 +312,16 @@ def sample_size(policy, per_call_ns: float, contents: list, shared: set) -> tupl
     return min(reps, buffers), buffers
 
 
+def resize(policy, reps: int, buffers: int, per_call_ns: float, contents: list, shared: set) -> tuple[int, int, bool]:
+    """(calls per sample, buffer sets, whether the buffers must be set up again) for a per-call time measured
+    in the timing mode itself: more calls where the mode runs faster than the time the sizes came from, never
+    fewer (the buffers are there already), never more calls than buffer sets."""
+    want, need = sample_size(policy, per_call_ns, contents, shared)
+    if want <= reps:
+        return reps, buffers, False
+    return want, max(buffers, need), need > buffers
+
+
 def shared_cpus() -> list[int]:
     """The CPUs both timed workers are pinned to: as many as one worker's threads use (OMP_NUM_THREADS,
     else every CPU this process may use), the highest-numbered first (CPU 0 takes most interrupts).
