@@ -74,12 +74,22 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
         wb.request({"op": "time_setup", "sets_file": str(f), "roles": [base_role], "mode": "launch",
                     "buffers": policy.rotating_sets}, policy.call_timeout_s)
         per_call_ns = timing.solo_ns(wb, base_role, policy.call_timeout_s)
-        reps, buffers = timing.sample_size(policy, per_call_ns, contents, parameter_indices(data.meta))  # as the gate
-        for w, role in ((wb, base_role), (wc, "candidate"), (wc, "baseline")):
-            f = w.dir / "contents.pt"
-            save_sets(f, contents, torch)
-            w.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": mode,
-                       "buffers": buffers}, policy.call_timeout_s)
+        shared = parameter_indices(data.meta)
+        reps, buffers = timing.sample_size(policy, per_call_ns, contents, shared)  # as the gate
+
+        def setup() -> None:
+            for w, role in ((wb, base_role), (wc, "candidate"), (wc, "baseline")):
+                f = w.dir / "contents.pt"
+                save_sets(f, contents, torch)
+                w.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": mode,
+                           "buffers": buffers}, policy.call_timeout_s)
+
+        setup()
+        if mode == "graph":  # as the gate: sized again from the original timed alone in its own mode
+            reps, buffers, again = timing.resize(policy, reps, buffers, timing.solo_ns(wb, base_role, policy.call_timeout_s),
+                                                 contents, shared)
+            if again:
+                setup()
         out = TimingCalibration(mode, reps, per_call_ns / 1e6, time.monotonic() - t0)
         start = time.monotonic()
         for i in range(trials):
