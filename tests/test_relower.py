@@ -94,6 +94,8 @@ def test_merge_keeps_the_better_variants_setting_where_two_contradict():
     assert relower.merge([a, b]) is None  # one usable variant is no combination
     later = relower.Variant("c + d", {"combo_kernels": True, "triton.enable_pdl": True})  # a second wave's, on c
     assert relower.merge([later, c]).label == "c + d"
+    t = relower.Variant("t", {}, trace="topk-as-sort")  # a graph rewrite combines with config patches
+    assert relower.merge([t, c]) == relower.Variant("t + c", {"combo_kernels": True}, trace="topk-as-sort")
 
 
 def test_variants_that_autotune_gemms_come_in_a_second_wave():
@@ -111,3 +113,29 @@ def test_partition_signatures_are_compared_by_graph_inputs_and_counts():
     c = a.replace("arg1_1, buf2 = args", "buf2 = args")  # no longer takes graph input arg1_1
     assert _partitions(a) == _partitions(b) == [("partition_0", ("arg0_1", "arg1_1"), 1, 2)]
     assert _partitions(c) != _partitions(a) and _partitions("def call(args):\n    pass\n") == []
+
+
+def test_topk_traced_as_a_stable_sort_is_lowered_as_a_sort_and_gives_the_captured_outputs(tmp_path_factory,
+                                                                                         inductor_cache, inference_ws):
+    """The variant for a torch without triton.decompose_sort_ops (2.11 on the H200): each topk traced as a
+    stable sort and its first k. On CPU Inductor calls ATen's sort for it (on CUDA it lowers small sorts to
+    Triton); the outputs are the captured ones. A graph without topk is skipped before any compile."""
+    from tests.conftest import FIXTURES, captured_workspace
+    from tilesmith.search.relower_worker import TRACES
+    from tilesmith.source import split_header
+
+    gdir = h.graph_of(captured_workspace(tmp_path_factory, "ws-router", FIXTURES / "router_topk.py"))
+    (variant,) = [v for v in relower.GPU_VARIANTS if v.trace]
+    assert variant.trace in TRACES and variant.patch == {}
+    (lw,) = relower.lower_variants(gdir, [variant], jobs=1)
+    assert lw.text is not None, lw.reason
+    calls = [ln.strip() for ln in split_header(lw.text)[1].splitlines() if "torch.ops.aten." in ln and "= torch" in ln]
+    assert any("aten.sort.stable(" in c for c in calls) and not any("aten.topk" in c for c in calls), calls
+    assert lw.max_abs_error == 0.0  # the same values; the indices' layout was checked with the ABI
+    data = loading.load_graph_data(gdir)
+    mod = loading.load_module(lw.text, data.constants)
+    with torch.no_grad():
+        out = mod.call(loading.clone_args(data.inputs))
+    assert all(torch.equal(a, b) for a, b in zip(out, data.outputs))  # expert indices exactly as topk's
+    (skipped,) = relower.lower_variants(h.graph_of(inference_ws), [variant], jobs=1)
+    assert skipped.text is None and skipped.reason == "the graph calls no aten.topk" and skipped.compile_s is None

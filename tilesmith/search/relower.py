@@ -36,6 +36,9 @@ class Variant:
     label: str
     patch: dict  # Inductor config name (dotted, e.g. "triton.enable_pdl") -> value
     hopper: bool = False  # needs compute capability >= 9.0 (TMA)
+    # A rewrite of the graph when the worker traces the repro again, before Inductor lowers it (relower_worker
+    # TRACES): for what no config of this torch does. "" for none.
+    trace: str = ""
 
 
 @dataclass
@@ -70,6 +73,10 @@ GPU_VARIANTS = [
     # gatherTopK + bitonicSortKVInPlace, was 22 of the step's 115 GPU µs). Ties may come out in another order
     # than ATen's: the gate compares the indices exactly and rejects a variant where that changes outputs.
     Variant("sort ops (topk, sort) in Triton", {"triton.decompose_sort_ops": True}),
+    # The same for topk on a torch without that config (2.11, on the H200): each topk traced as a stable sort
+    # and its first k, which Inductor lowers to a Triton sort (ir.Sort) where the sorted dimension is small
+    # (a router's experts). Ties come out in index order; the gate judges whether that changes any output.
+    Variant("topk as a stable sort (Triton)", {}, trace="topk-as-sort"),
 ]
 # CPU (C++ kernels): what torch 2.13's config has for the C++ backend and the scheduler.
 CPU_VARIANTS = [
@@ -158,7 +165,7 @@ def lower_variants(graph_dir: str | Path, variants: list[Variant], *, jobs: int 
 
 def _start(graph_dir, v: Variant, base: Path) -> subprocess.Popen:
     base.mkdir()
-    (base / "spec.json").write_text(json.dumps({"graph_dir": str(graph_dir), "patch": v.patch,
+    (base / "spec.json").write_text(json.dumps({"graph_dir": str(graph_dir), "patch": v.patch, "trace": v.trace,
                                                 "out": str(base / "wrapper.py")}))
     # Through the one launcher (the OS sandbox, the scrubbed environment, which also sets
     # TORCHINDUCTOR_COMPILE_THREADS=1: parallelism comes from the workers, not pools inside each).
@@ -187,15 +194,16 @@ def _finish(v: Variant, p: subprocess.Popen, base: Path, timeout_s: float) -> Lo
 def merge(variants: list[Variant]) -> Variant | None:
     """One variant holding every patch that does not contradict an earlier (better) one; None if < 2."""
     patch: dict = {}
-    used = []
+    used, trace = [], ""
     for v in variants:
-        if all(patch.get(k, val) == val for k, val in v.patch.items()):
+        if all(patch.get(k, val) == val for k, val in v.patch.items()) and (not v.trace or trace in ("", v.trace)):
             patch.update(v.patch)
             used.append(v.label)
+            trace = trace or v.trace
     if len(used) < 2:
         return None
     parts = [p for lab in used for p in lab.split(" + ")]  # labels of a later wave carry the accepted base
-    return Variant(" + ".join(dict.fromkeys(parts)), patch, hopper=any(v.hopper for v in variants))
+    return Variant(" + ".join(dict.fromkeys(parts)), patch, hopper=any(v.hopper for v in variants), trace=trace)
 
 
 def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_budget_s: float = 3.0,
@@ -218,8 +226,9 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
     variants = [v for v in variants if not words or any(w in v.label.lower() for w in words)]
     base = Variant("", {})  # the config accepted so far
     for wave in _waves(variants):
-        wave = [Variant(_joined(base.label, v.label), {**base.patch, **v.patch}, v.hopper) for v in wave
-                if all(base.patch.get(k, val) == val for k, val in v.patch.items())]
+        wave = [Variant(_joined(base.label, v.label), {**base.patch, **v.patch}, v.hopper, v.trace or base.trace)
+                for v in wave if all(base.patch.get(k, val) == val for k, val in v.patch.items())
+                and (not v.trace or base.trace in ("", v.trace))]
         if not wave or track.expired():
             return
         winners = _wave_winners(track, wave, cfg, screen_budget_s, min_gain)

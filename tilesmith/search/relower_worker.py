@@ -58,8 +58,20 @@ def missing_configs(patch: dict) -> list[str]:
     return out
 
 
-def lower(gdir: Path, patch: dict):
-    """(new wrapper source, seconds): the stored repro lowered by compile_fx_inner under `patch`."""
+def _topk_as_sort(x, k, dim=-1, largest=True, sorted=True):
+    """aten.topk as a stable sort and its first k (contiguous, as topk's outputs are); ties in index order."""
+    values, indices = torch.sort(x, dim=dim, descending=largest, stable=True)
+    return values.narrow(dim, 0, k).contiguous(), indices.narrow(dim, 0, k).contiguous()
+
+
+# Rewrites applied while the repro is traced again (Variant.trace): name -> (the aten op the graph must call
+# for it to change anything, a decomposition table for make_fx).
+TRACES = {"topk-as-sort": ("aten.topk", {torch.ops.aten.topk.default: _topk_as_sort})}
+
+
+def lower(gdir: Path, patch: dict, trace: str = ""):
+    """(new wrapper source, seconds): the stored repro lowered by compile_fx_inner under `patch`, traced
+    with the rewrite `trace` names (TRACES) first."""
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.utils import BoxedBool
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -79,8 +91,11 @@ def lower(gdir: Path, patch: dict):
         raise ValueError(f"the repro takes {len(repro.placeholders(text))} inputs, the graph {len(args)}")
     kind = data.meta.get("kind")
     t0 = time.perf_counter()
+    op, table = TRACES[trace] if trace else ("", None)
+    if op and op not in text:
+        raise _NothingToRewrite(f"the graph calls no {op}")
     with torch.no_grad():
-        gm = make_fx(mod, tracing_mode="real")(*args)
+        gm = make_fx(mod, decomposition_table=table, tracing_mode="real")(*args)
     for n in gm.graph.nodes:  # Inductor names kernels after the aten ops they came from (descriptive_names)
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
             n.meta.setdefault("original_aten", n.target)
@@ -125,14 +140,22 @@ def abi_problems(gdir: Path, new_src: str) -> tuple[list[str], float | None]:
     return problems, err
 
 
+class _NothingToRewrite(Exception):
+    pass
+
+
 def main(spec_file: str) -> dict:
     spec = json.loads(Path(spec_file).read_text())
-    gdir, patch = Path(spec["graph_dir"]), spec["patch"]
+    gdir, patch, trace = Path(spec["graph_dir"]), spec["patch"], spec.get("trace") or ""
     missing = missing_configs(patch)
     if missing:
         return {"ok": False, "reason": f"torch {torch.__version__} has no Inductor config {', '.join(missing)}"}
+    if trace not in ("", *TRACES):
+        return {"ok": False, "reason": f"no graph rewrite named {trace!r}"}
     try:
-        src, secs = lower(gdir, patch)
+        src, secs = lower(gdir, patch, trace)
+    except _NothingToRewrite as e:  # nothing for this variant to change: not worth a compile
+        return {"ok": False, "reason": str(e)}
     except Exception as e:  # Inductor could not lower under this config: a skipped variant, with the reason
         return {"ok": False, "reason": f"compile failed: {type(e).__name__}: {e}"[:400]}
     canon = source.canonicalize(src)
