@@ -139,3 +139,23 @@ def test_topk_traced_as_a_stable_sort_is_lowered_as_a_sort_and_gives_the_capture
     assert all(torch.equal(a, b) for a, b in zip(out, data.outputs))  # expert indices exactly as topk's
     (skipped,) = relower.lower_variants(h.graph_of(inference_ws), [variant], jobs=1)
     assert skipped.text is None and skipped.reason == "the graph calls no aten.topk" and skipped.compile_s is None
+
+
+def test_topk_as_sort_keeps_an_unsorted_or_0_d_topk_and_matches_a_sorted_one():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tilesmith.search.relower_worker import TRACES
+
+    table = TRACES["topk-as-sort"][1]
+    x = torch.randn(5, 7)
+    for largest in (True, False):
+        want = torch.topk(x, 3, dim=0, largest=largest)
+        got = make_fx(lambda t: torch.ops.aten.topk.default(t, 3, 0, largest, True), decomposition_table=table)(x)
+        targets = {str(n.target) for n in got.graph.nodes if n.op == "call_function"}
+        assert "aten.sort.stable" in targets and "aten.topk.default" not in targets
+        v, i = got(x)
+        assert torch.equal(v, want.values) and torch.equal(i, want.indices) and v.is_contiguous()
+    for f, arg in ((lambda t: torch.ops.aten.topk.default(t, 3, -1, True, False), x),  # unsorted: left as is
+                   (lambda t: torch.ops.aten.topk.default(t, 1), torch.tensor(2.0))):  # 0-d: left as is
+        gm = make_fx(f, decomposition_table=table)(arg)
+        assert "aten.topk.default" in {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}

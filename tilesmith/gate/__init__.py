@@ -291,7 +291,9 @@ def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, othe
     policy, clock, mode = ctx["policy"], ctx["clock"], ctx["mode"]
     ctx["note"]("timing", f"timing ({mode}), paired and interleaved, the original in its own worker and beside the candidate")
     shared = parameter_indices(ctx["meta"])
-    reps, ctx["buffers"] = timing.sample_size(policy, r["per_call_ns"], contents, shared)
+    # In graph timing the confirmation pass sizes from the first pass's probe (_resized) directly.
+    known = ctx.get("solo_in_mode_ns") if mode == "graph" else None
+    reps, ctx["buffers"] = timing.sample_size(policy, known or r["per_call_ns"], contents, shared)
 
     def setup(pin: bool) -> None:
         for worker, role in ((ref.timer, ref.base_role), (w, "candidate"), (w, "baseline")):
@@ -315,7 +317,7 @@ def _timing(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, othe
         for other in others:
             other.idle()
         calm_spares()
-    if mode == "graph":
+    if mode == "graph" and not known:
         with clock(f"{key}.resize"):
             reps = _resized(ctx, ref, reps, contents, shared, setup)
     with clock(f"{key}.timing"):

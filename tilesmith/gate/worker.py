@@ -112,6 +112,7 @@ def op_time_setup(st: State, req: dict) -> dict:
     n = max(1, int(req.get("buffers") or len(contents)))
     st.shared = parameter_indices(st.data.meta) if st.data else set()
     for role in req["roles"]:
+        st.timed.pop(role, None)  # a second setup (more buffer sets): the old graphs go before new ones are made
         st.keep[role] = []
         st.pool[role] = [[_to_device(x, st.device) for x in inputs] for inputs in contents]
         bufs = st.bufs[role] = []

@@ -29,6 +29,12 @@ from tilesmith.gate.worker_tensors import _as_list
 # slowing beside the candidate anyway: the gate keeps the lower of the two speedups.)
 _CUDAGRAPHIFY = compile_fx.cudagraphify
 _MARK_STEP = torch.compiler.cudagraph_mark_step_begin
+# Frees every tree this process set up: a worker sets up the trees again for each pass (and for more buffer
+# sets), and the trees' manager keeps every function it was given, with its recorded graphs, for good.
+try:
+    from torch._inductor.cudagraph_trees import reset_cudagraph_trees as _RESET
+except ImportError:  # a torch without it: each setup's trees stay until the worker ends
+    _RESET = None
 # Switches that make every trees call slower (eager runs, synchronizes, per-call asserts): their values now.
 _SWITCHES = {k: getattr(config.triton, k) for k in ("force_cudagraphs_warmup", "fast_path_cudagraph_asserts",
                                                    "force_cudagraph_sync", "cudagraph_capture_sizes",
@@ -44,6 +50,8 @@ def tree_thunks(fn, bufs: list, device: str, n: int, mutated) -> tuple[list, obj
         # Inputs the graph updates in place: the program's trees would copy them back and forth (or skip
         # CUDA graphs); no cheapest path is known, so the caller times a bare replay instead.
         raise ValueError("the graph updates inputs in place")
+    if _RESET is not None:  # the worker's own trees only: candidates never run under them here
+        _RESET()
     run = tree_function(fn, bufs, device)
     mark = _MARK_STEP
 

@@ -59,7 +59,10 @@ def missing_configs(patch: dict) -> list[str]:
 
 
 def _topk_as_sort(x, k, dim=-1, largest=True, sorted=True):
-    """aten.topk as a stable sort and its first k (contiguous, as topk's outputs are); ties in index order."""
+    """aten.topk as a stable sort and its first k (contiguous, as topk's outputs are); ties in index order.
+    A 0-d input, or an unsorted topk (whose order a sort would change for nothing), stays aten.topk."""
+    if x.dim() == 0 or not sorted:
+        return NotImplemented
     values, indices = torch.sort(x, dim=dim, descending=largest, stable=True)
     return values.narrow(dim, 0, k).contiguous(), indices.narrow(dim, 0, k).contiguous()
 
@@ -76,8 +79,11 @@ def lower(gdir: Path, patch: dict, trace: str = ""):
     from torch._inductor.utils import BoxedBool
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    data = loading.load_graph_data(gdir)
     text = repro.clean((gdir / repro.REPRO_FILE).read_text())
+    op, table = TRACES[trace] if trace else ("", None)
+    if op and op not in text:
+        raise _NothingToRewrite(f"the graph calls no {op}")
+    data = loading.load_graph_data(gdir)
     st = repro.status(text, data.constants)
     if not st.available:
         raise ValueError(st.reason)
@@ -91,9 +97,6 @@ def lower(gdir: Path, patch: dict, trace: str = ""):
         raise ValueError(f"the repro takes {len(repro.placeholders(text))} inputs, the graph {len(args)}")
     kind = data.meta.get("kind")
     t0 = time.perf_counter()
-    op, table = TRACES[trace] if trace else ("", None)
-    if op and op not in text:
-        raise _NothingToRewrite(f"the graph calls no {op}")
     with torch.no_grad():
         gm = make_fx(mod, decomposition_table=table, tracing_mode="real")(*args)
     for n in gm.graph.nodes:  # Inductor names kernels after the aten ops they came from (descriptive_names)
