@@ -158,12 +158,13 @@ def test_gate_rejects_bfloat16_accumulation_in_a_bfloat16_graph_as_lower_precisi
 
 
 def test_graph_timing_sizes_its_samples_again_from_the_original_timed_alone_in_its_own_mode(inf_graph, tmp_path):
-    """The gate's step for graph timing (gate._resized), against a real timer worker: samples sized from a
+    """The gate's step for graph timing (gate.timed.resized), against a real timer worker: samples sized from a
     slow per-call time (plain launches of a graph a replay runs several times faster) get as many calls as
     the original's own per-call time asks for, with the buffer sets set up again where they must grow."""
     from types import SimpleNamespace as NS
 
-    from tilesmith.gate import _resized, proc, timing
+    from tilesmith.gate import proc, timing
+    from tilesmith.gate.timed import resized
     from tilesmith.gate.inputs import parameter_indices
     from tilesmith.gate.original import save_sets, timing_contents
     from tilesmith.loading import load_graph_data
@@ -186,7 +187,7 @@ def test_graph_timing_sizes_its_samples_again_from_the_original_timed_alone_in_i
                        "buffers": ctx["buffers"]}, 120)
 
         setup(True)
-        got = _resized(ctx, NS(timer=w, base_role="baseline"), reps, contents, shared, setup)
+        got = resized(ctx, NS(timer=w, base_role="baseline"), reps, contents, shared, setup)
     finally:
         w.close()
     probe = ctx["solo_in_mode_ns"]

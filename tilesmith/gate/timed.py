@@ -1,0 +1,129 @@
+"""The timing stage of a gate pass: paired samples of the original (in its own worker) and the candidate,
+sized for the graph's timing mode, then the timed calls' outputs checked against the original's on the
+same inputs. Called by tilesmith.gate._pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tilesmith.gate.original import Reference, load_raw, save_sets
+from tilesmith.gate.proc import calm_spares
+from tilesmith.gate.verdict import Pass, Reason
+
+
+def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: list, key: str) -> list[Reason]:
+    """Paired samples, the baseline in the reference worker and the candidate in its own, then the
+    outputs of the timed calls the parent chose, against the original's on the same inputs."""
+    import torch
+
+    from tilesmith.gate import timing
+    from tilesmith.gate.inputs import parameter_indices
+
+    policy, clock, mode = ctx["policy"], ctx["clock"], ctx["mode"]
+    ctx["note"]("timing", f"timing ({mode}), paired and interleaved, the original in its own worker and beside the candidate")
+    shared = parameter_indices(ctx["meta"])
+    # In graph timing the confirmation pass sizes from the first pass's probe (resized) directly.
+    known = ctx.get("solo_in_mode_ns") if mode == "graph" else None
+    reps, ctx["buffers"] = timing.sample_size(policy, known or r["per_call_ns"], contents, shared)
+
+    def setup(pin: bool) -> None:
+        for worker, role in ((ref.timer, ref.base_role), (w, "candidate"), (w, "baseline")):
+            if pin and cpus and role != "baseline":
+                worker.request({"op": "pin", "cpus": cpus}, policy.call_timeout_s)
+            f = worker.dir / f"contents-{p.seed}.pt"
+            save_sets(f, contents, torch)
+            role_mode = ctx["modes"].get("candidate" if role == "candidate" else "baseline", mode)
+            rep = worker.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": role_mode,
+                                  "buffers": ctx["buffers"]}, policy.call_timeout_s)
+            why = rep.get("trees_fallback") if isinstance(rep, dict) else None
+            if why and not any(w.code == "trees-unavailable" for w in ctx["warnings"]):
+                ctx["warnings"].append(Reason("trees-unavailable", "the original was timed as a bare CUDA-graph "
+                                              f"replay: Inductor's cudagraph trees could not be set up ({str(why)[:200]})"))
+            f.unlink(missing_ok=True)
+
+    with clock(f"{key}.timing_setup"):
+        cpus = timing.shared_cpus()
+        setup(True)
+    with clock(f"{key}.quiesce"):  # no other worker may be busy while samples are taken
+        for other in others:
+            other.idle()
+        calm_spares()
+    if mode == "graph" and not known:
+        with clock(f"{key}.resize"):
+            reps = resized(ctx, ref, reps, contents, shared, setup)
+    with clock(f"{key}.timing"):
+        p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
+                                                 len(contents), ctx["buffers"])
+    if p.timing:
+        clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)
+                                         + sum(p.timing.beside_ns)) / 1e9)
+    if p.timing is None:
+        return reasons
+    with clock(f"{key}.timing_checks"):
+        bad = _timing_checks(p, ctx, w, ref, kept, r["base"][p.seed]["sets"], contents)
+    return bad or reasons
+
+
+def resized(ctx: dict, ref: Reference, reps: int, contents: list, shared: set, setup) -> int:
+    """Calls per sample in graph timing. The sizes came from the original's plain launches (the solo time),
+    which a replay runs several times faster: on the H200 the MoE's samples were 2 calls, 0.3 ms where 2 ms
+    is the aim, and each sample's fixed costs (the syncs around it, a first launch from an idle GPU) pulled
+    both ratios towards 1. Sized again from the original timed alone in its own mode, the buffers set up
+    anew (`setup`) where more calls need more of them (never more calls than buffer sets)."""
+    from tilesmith.gate import timing
+
+    policy = ctx["policy"]
+    try:
+        probe = timing.solo_ns(ref.timer, ref.base_role, policy.call_timeout_s)
+    except RuntimeError:  # a failing call shows in the timed samples themselves, with its reason
+        return reps
+    reps, buffers, again = timing.resize(policy, reps, ctx["buffers"], probe, contents, shared)
+    ctx["solo_in_mode_ns"] = probe  # what the baseline-slowed warning compares with
+    if again:
+        ctx["buffers"] = buffers
+        setup(False)
+    return reps
+
+
+def _random_graph(gdir: Path) -> bool:
+    import re
+
+    text = (gdir / "wrapper.py").read_text(errors="replace")
+    return re.search(r"inductor_seeds|inductor_random|inductor_lookup_seed|philox|\brand(n|int|perm|_like)?\(", text) is not None
+
+
+def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets: list, contents: list) -> list[Reason]:
+    """The outputs of the timed calls the parent kept, against the original's outputs on exactly the same
+    inputs, computed in the reference worker (which never loads the candidate)."""
+    import torch
+
+    from tilesmith.gate.correctness import compare_values
+
+    policy, buffers = ctx["policy"], ctx["buffers"]
+    o = w.dir / f"checks-{p.seed}.pt"
+    w.request({"op": "checks", "out_file": str(o), "keep": True}, policy.call_timeout_s)
+    got = load_raw(o, torch)
+    if _random_graph(ctx["gdir"]):  # outputs depend on the RNG state, which timed calls advance
+        return []
+    if not isinstance(got, list) or len(got) != len(kept) or any(g.get("start") != s.start for g, s in zip(got, kept)):
+        return [Reason("protocol", "the candidate worker's kept timed samples do not match the ones chosen")]
+    # A graph that updates its inputs in place (running statistics) changes its buffers call by call:
+    # only each buffer's first call after a refill read the inputs the original is run on here.
+    first_use = any(bool(x.get("mutated")) for x in orig_sets)
+    calls = [[c for c in g["calls"] if 0 <= c and (not first_use or c < buffers)] for g in got]
+    samples = [{"start": s.start, "fill": s.fill, "perturb": s.perturb, "calls": cs} for s, cs in zip(kept, calls)]
+    f, o = ref.worker.dir / f"contents-{p.seed}.pt", ref.worker.dir / f"original-checks-{p.seed}.pt"
+    save_sets(f, contents, torch)  # the pass's pool and buffers, in the worker that runs the original
+    ref.worker.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch",
+                        "buffers": buffers}, policy.call_timeout_s)
+    ref.worker.request({"op": "original_checks", "samples": samples, "out_file": str(o), "bufs_role": "baseline"},
+                       policy.call_timeout_s)
+    want = load_raw(o, torch)
+    for g, s, cs, ws in zip(got, kept, calls, want):
+        for c, orig in zip(cs, ws):
+            outs = g["outputs"][g["calls"].index(c)]
+            if len(outs) != len(orig) or any(not compare_values(a, b).ok for a, b in zip(outs, orig)):
+                return [Reason("wrong-values-in-timing", f"call {s.start + c} of the timed stream returned outputs "
+                                                         "that differ from the original's on the same inputs")]
+    p.timing.checked_calls = sum(len(cs) for cs in calls)
+    return []
