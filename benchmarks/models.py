@@ -304,6 +304,10 @@ def summary(results: list[dict]) -> dict:
         for m, t in r["tilesmith_paths"].items():  # a ratio near 1 can mean nothing was optimized: say so
             if t.get("track_statuses", {}).keys() - {"done", "cached"}:
                 print(f"{'':12} tilesmith on {m}: graphs by track status {t['track_statuses']}")
+            if t.get("gate_estimate_ms") and not t.get("nothing_installed"):  # the program's step beside the gate's word
+                print(f"{'':12} tilesmith on {m}: step {t['measured_step_ms']:.4f} ms in the program, "
+                      f"{t['gate_estimate_ms']:.4f} estimated from the gate's per-graph timings "
+                      f"(estimate / measured {t['measured_vs_estimate']:.3f})")
             if t.get("counted_as_own_mode"):
                 print(f"{'':12} * tilesmith on {m}: nothing accepted, nothing installed: the row is compile {m}'s "
                       f"step (its own path measured {t['measured_step_ms']:.4f} ms, the same code)")
