@@ -406,3 +406,8 @@ def test_gpu_gate_times_a_reduce_overhead_original_through_the_cudagraph_trees(t
     assert any(w.code == "own-replay" and "cudagraph trees" in w.message for w in v.warnings), v.warnings
     assert v.first.timing is not None and v.first.timing.mode == "graph"
     assert v.accepted or v.codes == ["not-faster"], v.reasons
+    # Samples sized from the original timed through the trees, not from its plain launches (session 14 on
+    # the H200: 2 calls, 0.3 ms a sample): about Policy.target_sample_ms each, unless the buffer sets cap them.
+    t = v.first.timing
+    assert t.calls_per_sample <= t.buffer_sets
+    assert t.calls_per_sample * t.baseline_ms >= 0.5 * Policy().target_sample_ms or t.calls_per_sample >= 64, t
