@@ -133,3 +133,31 @@ def test_gpu_busy_time_is_the_union_of_device_events_without_annotation_spans():
                                  "host": {"wall_ms": 0.5, "host_ms": 0.5, **s},
                                  "cpu": {"wall_ms": 0.5, "host_ms": 0.5, "gpu_busy_ms": None, "kernels_per_step": None}})
     assert [r["bound"] for r in rows.values()] == ["GPU", "host/gaps", None]
+
+
+def test_summary_of_several_runs_takes_each_models_latest_measured_result_and_one_geometric_mean(tmp_path):
+    """One device call fits two models: the suite's geometric mean comes from several runs' models.json."""
+    from benchmarks import models
+
+    def result(model: str, own: float, ts: float) -> dict:
+        res = {"model": model, "errors": [], "rows": [{"path": "compile reduce-overhead", "median_ms": own},
+                                                      {"path": "tilesmith on reduce-overhead", "median_ms": ts}],
+               "tilesmith": {"reduce-overhead": {"tracks": [{"status": "done", "baseline_ms": own, "best_ms": ts,
+                                                             "speedup": own / ts}]}}}
+        res.update(models.headline(res))
+        return res
+
+    a, b, bad = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "bad.json"
+    a.write_text(json.dumps({"date": "d1", "torch": "t", "results": [result("moe", 0.15, 0.12), result("gpt2", 0.2, 0.25)]}))
+    b.write_text(json.dumps({"date": "d2", "torch": "t", "results": [
+        result("gpt2", 0.2, 0.16), {"model": "moe", "errors": ["timing: cut off"], "tilesmith": {}}]}))
+    bad.write_text("{}")
+    p = _run("summary", str(a), str(b), "--out", str(tmp_path / "suite.json"))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((tmp_path / "suite.json").read_text())
+    by = {r["model"]: r for r in doc["results"]}
+    assert by["gpt2"]["from"].startswith(str(b)) and by["moe"]["from"].startswith(str(a))  # the cut-off run hides nothing
+    assert abs(doc["summary"]["geomean_vs_best_mode"] - (1.25 * 1.25) ** 0.5) < 1e-9
+    assert doc["summary"]["models_measured"] == 2 and "geometric mean" in p.stdout
+    p = _run("summary", str(bad))
+    assert p.returncode != 0 and "not a models.json" in p.stderr
