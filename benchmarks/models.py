@@ -263,6 +263,8 @@ def cmd_summary(a) -> int:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(f"{f}: not a models.json from `models.py run` ({e}); pass the files `run` wrote") from None
         for r in results:
+            if r.get("rows"):  # the ratios again by this code's rules (a file from older code had others)
+                r.update(headline(r))
             if "best_mode" in r or r.get("model") not in latest:  # a failed model never hides a measured one
                 latest[r["model"]] = {**r, "from": f"{f} ({doc.get('date', '?')}, torch {doc.get('torch', '?')})"}
     for r in latest.values():
