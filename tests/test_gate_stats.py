@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 
 import pytest
 import torch
@@ -284,3 +285,44 @@ def test_samples_sized_from_plain_launches_grow_for_a_replay_timed_in_its_own_mo
     more, sets, again = timing.resize(policy, reps, buffers, 0.15e6, contents, set())  # 0.15 ms replayed
     assert more == round(policy.target_sample_ms / 0.15) and sets >= more and again == (sets > buffers)
     assert timing.resize(policy, reps, buffers, 5.0e6, contents, set()) == (reps, buffers, False)  # never fewer
+
+
+class _Hog:
+    """The candidate's worker, scripted: clearly slower than the original, and a hog in its process that uses
+    half a core while another worker's sample runs (the timer sleeps through each of its samples)."""
+
+    def __init__(self):
+        self.cpu = 0
+
+    def cpu_ns(self) -> int:
+        return self.cpu
+
+    def request(self, msg: dict, timeout_s: float) -> dict:
+        if msg["op"] != "time":
+            return {"ok": True}
+        t0 = time.perf_counter_ns()
+        while time.perf_counter_ns() - t0 < 2000:  # a sample must fit in the wall time the parent measures
+            pass
+        return {"ok": True, "ns": 200 if msg["role"] == "baseline" else 400}
+
+
+class _SleepyTimer:
+    def __init__(self, hog: _Hog):
+        self.hog = hog
+
+    def request(self, msg: dict, timeout_s: float) -> dict:
+        time.sleep(0.003)
+        self.hog.cpu += 1_500_000  # what the hog spins while this sample runs
+        return {"ok": True, "ns": 200}
+
+
+def test_no_decision_before_the_idle_watch_has_seen_enough_of_other_workers_samples():
+    """A candidate clearly slower after one batch (12 rounds, ~36 ms of the timer's samples) had a hog in its
+    process that used 18 ms of CPU meanwhile: under the idle watch's 20-ms floor, so it was rejected only as
+    not faster, and a hog that made the original look slow would have been accepted. Sampling now goes on
+    until the watch has seen timing.IDLE_WALL_MIN_NS of other workers' samples."""
+    hog = _Hog()
+    policy = Policy(min_improvement=0.02, time_budget_s=60.0)
+    t, reasons, _ = timing.measure(_SleepyTimer(hog), hog, policy, "launch", 1, 200.0)
+    assert [r.code for r in reasons] == ["background-work"], reasons
+    assert t.idle_wall_ms >= timing.IDLE_WALL_MIN_NS / 1e6 and t.samples > policy.min_rounds

@@ -76,6 +76,11 @@ SLOWED_BESIDE = 0.10
 # is timed on. An honest idle worker uses ~0 (its OpenMP threads spin briefly: proc.openmp_wait).
 IDLE_CPU_SHARE = 0.10
 IDLE_CPU_MIN_NS = 20_000_000  # and more than this much CPU in all: two of the kernel's 10 ms ticks (an idle worker: 0)
+# No decision before the idle watch has seen this much of other workers' samples: a decision that ended in its
+# first batch had watched ~24 ms, in which a hog spinning between calls (tests/redteam.py) could use less than
+# IDLE_CPU_MIN_NS and go unseen (the suite saw it rejected only as not faster). A hog that made the original look
+# slow enough to be clearly faster in one batch would have been accepted. The budget still ends the sampling.
+IDLE_WALL_MIN_NS = 250_000_000
 MAX_CHECKED_SAMPLES = 24  # candidate samples whose outputs are kept per pass (memory: 2 calls' outputs each)
 KEEP_PROBABILITY = 0.5  # each sample is kept with this probability, drawn after it ran (each batch's last one always)
 
@@ -146,6 +151,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     batch = policy.min_rounds
     timeout_s = max(60.0, 20 * reps * per_call_ns / 1e9)
     sides = [(timer, base_role, b_all), (cand, "candidate", c_all)] + ([(cand, "baseline", i_all)] if beside else [])
+    watching = timer is not cand and hasattr(cand, "cpu_ns")  # as _round decides where the idle watch runs
     while True:
         for r in range(batch):
             # The budget is also checked between rounds: on a loaded machine a batch sized at the rate
@@ -159,11 +165,17 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
                 break
         state, apart, near = _look(policy, b_all, c_all, i_all if beside else None)
         spent = time.monotonic() - start
-        if state != "undecided" or spent > policy.time_budget_s or len(b_all) >= policy.max_rounds:
+        watched = not watching or idle["wall"] >= IDLE_WALL_MIN_NS
+        if (state != "undecided" and watched) or spent > policy.time_budget_s or len(b_all) >= policy.max_rounds:
             break
-        # Double the sample count, but stay inside the budget at the measured rate.
+        # Double the sample count, but stay inside the budget at the measured rate; a decided state waits only
+        # for the idle watch: as many rounds as it needs at the rate its samples came.
         rate = spent / len(b_all)
         batch = max(4, min(len(b_all), policy.max_rounds - len(b_all), int((policy.time_budget_s - spent) / rate) + 1))
+        if state != "undecided":
+            per_round = idle["wall"] / len(b_all) if idle["wall"] else 0.0
+            need = int((IDLE_WALL_MIN_NS - idle["wall"]) / per_round) + 1 if per_round else batch
+            batch = max(4, min(batch, need))
     est = min(apart, near or apart, key=lambda e: e.low)  # the binding comparison is the one reported
     busy = _busy(idle)
     return (_summary(mode, reps, buffers, est, apart, near, b_all, c_all, i_all, idle),
