@@ -61,7 +61,7 @@ import threading
 import torch
 
 from tilesmith import cudagraph_record
-from tilesmith.cudagraph_record import _detach, _NotGraphable, _overlapping, _Record
+from tilesmith.cudagraph_record import _data_ptr, _detach, _NotGraphable, _overlapping, _Record
 
 MAX_LAYOUTS = 8  # graphs kept per wrapper; more layouts (dynamic shapes) run plain
 MAX_GRAPH_BYTES = cudagraph_record.MAX_GRAPH_BYTES  # what one capture may newly reserve (set and checked there)
@@ -80,8 +80,6 @@ _PLAIN = object()  # a layout's answer: make the plain call this time
 _cur_device = getattr(torch._C, "_cuda_getDevice", None)
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_data_ptr = torch.Tensor.data_ptr
-_use_count = torch._C._storage_Use_Count
 
 
 class Graphed:
@@ -116,10 +114,7 @@ class Graphed:
                     same = False
                 if same and _raw_stream(lay.dev_idx) == lay.raw_stream:
                     for rec in recs:
-                        for cdata, base in rec.counts:
-                            if _use_count(cdata) > base:
-                                break
-                        else:
+                        if rec.free():
                             lay.calls += 1
                             rec.graph.replay()
                             self.replays += 1
@@ -204,8 +199,8 @@ class _Layout:
         self.hot = list(recs) if ok else None
 
     def capturing(self) -> bool:
-        if torch._C._cuda_getDevice() == self.dev_idx:  # the raw calls: this is on every call's path
-            return torch._C._cuda_isCurrentStreamCapturing()
+        if _cur_device() == self.dev_idx:  # the raw calls: this is on every call's path
+            return _capturing()
         with torch.cuda.device(self.dev_idx):
             return torch.cuda.is_current_stream_capturing()
 

@@ -49,12 +49,10 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
     max_rounds, time_budget_s, target_sample_ms, rotating_sets, seed, mode).
     on_trial(i, TimingTrial) is called after each trial.
     """
-    import torch
-
     from tilesmith import loading
     from tilesmith.gate import graph_device, resolve_mode, timing
     from tilesmith.gate.inputs import parameter_indices
-    from tilesmith.gate.original import save_sets, timing_contents
+    from tilesmith.gate.original import timing_contents
     from tilesmith.gate.proc import Worker
 
     t0 = time.monotonic()
@@ -69,27 +67,7 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
             Worker("baseline", Path(scratch), device, (gdir,)) as wb, \
             Worker("calibration", Path(scratch), device, (gdir,)) as wc:
         _load(wb, wc, gdir, device, policy, candidate_path, baseline_path)
-        f = wb.dir / "contents.pt"
-        save_sets(f, contents, torch)
-        wb.request({"op": "time_setup", "sets_file": str(f), "roles": [base_role], "mode": "launch",
-                    "buffers": policy.rotating_sets}, policy.call_timeout_s)
-        per_call_ns = timing.solo_ns(wb, base_role, policy.call_timeout_s)
-        shared = parameter_indices(data.meta)
-        reps, buffers = timing.sample_size(policy, per_call_ns, contents, shared)  # as the gate
-
-        def setup() -> None:
-            for w, role in ((wb, base_role), (wc, "candidate"), (wc, "baseline")):
-                f = w.dir / "contents.pt"
-                save_sets(f, contents, torch)
-                w.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": mode,
-                           "buffers": buffers}, policy.call_timeout_s)
-
-        setup()
-        if mode == "graph":  # as the gate: sized again from the original timed alone in its own mode
-            reps, buffers, again = timing.resize(policy, reps, buffers, timing.solo_ns(wb, base_role, policy.call_timeout_s),
-                                                 contents, shared)
-            if again:
-                setup()
+        reps, buffers, per_call_ns = _set_up(wb, wc, base_role, mode, contents, parameter_indices(data.meta), policy)
         out = TimingCalibration(mode, reps, per_call_ns / 1e6, time.monotonic() - t0)
         start = time.monotonic()
         for i in range(trials):
@@ -107,6 +85,35 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
             if on_trial:
                 on_trial(i, trial)
     return out
+
+
+def _set_up(wb, wc, base_role: str, mode: str, contents: list, shared: set, policy: Policy) -> tuple[int, int, float]:
+    """(calls per sample, buffer sets, the baseline's per-call ns as plain launches), sized as the gate sizes
+    them, with every role's rotating buffers set up in `mode`: the baseline's solo time as plain launches, and
+    in graph mode again from the baseline timed alone in its own mode."""
+    import torch
+
+    from tilesmith.gate import timing
+    from tilesmith.gate.original import save_sets
+
+    def setup(role_workers, role_mode: str, buffers: int) -> None:
+        for w, role in role_workers:
+            f = w.dir / "contents.pt"
+            save_sets(f, contents, torch)
+            w.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": role_mode,
+                       "buffers": buffers}, policy.call_timeout_s)
+
+    everyone = ((wb, base_role), (wc, "candidate"), (wc, "baseline"))
+    setup(everyone[:1], "launch", policy.rotating_sets)
+    per_call_ns = timing.solo_ns(wb, base_role, policy.call_timeout_s)
+    reps, buffers = timing.sample_size(policy, per_call_ns, contents, shared)  # as the gate
+    setup(everyone, mode, buffers)
+    if mode == "graph":  # as the gate: sized again from the original timed alone in its own mode
+        reps, buffers, again = timing.resize(policy, reps, buffers, timing.solo_ns(wb, base_role, policy.call_timeout_s),
+                                             contents, shared)
+        if again:
+            setup(everyone, mode, buffers)
+    return reps, buffers, per_call_ns
 
 
 def _load(wb, wc, gdir, device: str, policy: Policy, candidate_path, baseline_path) -> None:

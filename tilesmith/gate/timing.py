@@ -168,18 +168,23 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
         watched = not watching or idle["wall"] >= IDLE_WALL_MIN_NS
         if (state != "undecided" and watched) or spent > policy.time_budget_s or len(b_all) >= policy.max_rounds:
             break
-        # Double the sample count, but stay inside the budget at the measured rate; a decided state waits only
-        # for the idle watch: as many rounds as it needs at the rate its samples came.
-        rate = spent / len(b_all)
-        batch = max(4, min(len(b_all), policy.max_rounds - len(b_all), int((policy.time_budget_s - spent) / rate) + 1))
-        if state != "undecided":
-            per_round = idle["wall"] / len(b_all) if idle["wall"] else 0.0
-            need = int((IDLE_WALL_MIN_NS - idle["wall"]) / per_round) + 1 if per_round else batch
-            batch = max(4, min(batch, need))
+        batch = _next_batch(policy, state, spent, len(b_all), idle)
     est = min(apart, near or apart, key=lambda e: e.low)  # the binding comparison is the one reported
     busy = _busy(idle)
     return (_summary(mode, reps, buffers, est, apart, near, b_all, c_all, i_all, idle),
             [busy] if busy else _reasons(policy, state, est, apart, near, b_all), kept)
+
+
+def _next_batch(policy, state: str, spent: float, rounds: int, idle: dict) -> int:
+    """Rounds in the next batch: double the count so far, inside the budget at the measured rate; a decided
+    state waits only for the idle watch: as many rounds as that needs at the rate its samples came."""
+    rate = spent / rounds
+    batch = max(4, min(rounds, policy.max_rounds - rounds, int((policy.time_budget_s - spent) / rate) + 1))
+    if state != "undecided":
+        per_round = idle["wall"] / rounds if idle["wall"] else 0.0
+        need = int((IDLE_WALL_MIN_NS - idle["wall"]) / per_round) + 1 if per_round else batch
+        batch = max(4, min(batch, need))
+    return batch
 
 
 def _summary(mode: str, reps: int, buffers: int, est: Estimate, apart: Estimate, near: Estimate | None, b_all: list,
