@@ -139,6 +139,43 @@ def pieces(fn, ws, xs, torch) -> dict:
     return {k: statistics.median(per_call_us(c, 2000, 5, torch.cuda.synchronize)) for k, c in calls.items()}
 
 
+def bookkeeping(g, args: list, calls: int, reps: int, torch) -> tuple[list[float], list[dict]]:
+    """The lean replay's host time with every recorded graph's replay() a no-op (what is left is tilesmith's
+    own Python and the torch calls it makes), and where a real replay's time goes under cProfile."""
+    import cProfile
+    import pstats
+
+    def call():
+        g(list(args))
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(prof)
+    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]
+    profile_top = [{"function": f"{pstats.func_std_string(k)}", "ncalls": v[1],
+                    "us_per_call": v[2] / calls * 1e6} for k, v in top]
+
+    class _NoReplay:
+        def replay(self):
+            pass
+
+    saved = []
+    for lay in g._layouts.values():
+        for rec in lay.recs:
+            saved.append((rec, rec.graph))
+            rec.graph = _NoReplay()
+    try:
+        us = per_call_us(call, calls, reps, torch.cuda.synchronize)
+    finally:
+        for rec, graph in saved:
+            rec.graph = graph
+    return us, profile_top
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--static", type=int, default=50, help="static inputs (weights) besides the moving one")
@@ -159,9 +196,13 @@ def main() -> int:
         us = per_call_us(call, a.calls, a.reps, torch.cuda.synchronize)
         rows.append({"path": name, "median_us": statistics.median(us), "min_us": min(us), "samples_us": us})
     layouts = {k: keep[k].describe() for k in ("lean", "still", "kept")}
+    stub_us, profile_top = bookkeeping(keep["still"], [xs[0], *ws], a.calls, a.reps, torch)
+    rows.append({"path": "lean, nothing moves, replay stubbed", "median_us": statistics.median(stub_us),
+                 "min_us": min(stub_us), "samples_us": stub_us})
     parts = pieces(fn, ws, xs, torch)
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "static_inputs": a.static,
            "calls_per_sample": a.calls, "rows": rows, "lean_layouts": layouts, "pieces_us": parts,
+           "profile_nothing_moves": profile_top,
            "date": time.strftime("%Y-%m-%d")}
     print(f"host time per call, {a.static} static inputs + 1 moving, on {doc['device']} (torch {doc['torch']})")
     print(f"{'path':26} {'median us':>10} {'min us':>8}")
@@ -171,6 +212,9 @@ def main() -> int:
     print("pieces of a replay, host us per call:")
     for k, v in parts.items():
         print(f"  {k:40} {v:8.2f}")
+    print("lean, nothing moves, under cProfile (tottime per call, us; the profiler's own cost inflates each):")
+    for r in profile_top:
+        print(f"  {r['us_per_call']:8.2f}  {r['ncalls']:>8}  {r['function']}")
     Path(a.out).write_text(json.dumps(doc, indent=2))
     return 0
 
