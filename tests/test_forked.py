@@ -73,22 +73,23 @@ def test_exit_status_raise_and_kill_reach_the_parent(tmp_path):
 
 
 def test_workers_do_not_outlive_the_process_that_started_them(tmp_path):
-    """The deciding process is killed outright (no atexit, no cleanup): its workers go with it."""
+    """The deciding process is killed outright (no atexit, no cleanup): its workers go with it, and the
+    zygote removes its own folder (the suite had left dozens of them in /tmp)."""
     parent = textwrap.dedent(f"""
         import subprocess, sys, time
         from pathlib import Path
-        from tilesmith import sandbox
+        from tilesmith import forked, sandbox
         scratch = Path({str(tmp_path)!r}) / "w"; scratch.mkdir()
         env = {{**sandbox.scrubbed_env(scratch), "PYTHONPATH": {str(ROOT)!r}}}
         log = open(scratch / "out.txt", "wb")
         p = sandbox.popen([sys.executable, "-m", "tests.fakes.probe", "sleep"], sandbox.Spec(scratch=str(scratch)),
                           env, fork=True, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        print(type(p).__name__, p.pid, flush=True)
+        print(type(p).__name__, p.pid, *[z.dir for z in forked._zygotes.values()], flush=True)
         time.sleep(600)
     """)
     proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
-    kind, keeper = proc.stdout.readline().split()
-    assert kind == "Forked"
+    kind, keeper, zygote_dir = proc.stdout.readline().split()
+    assert kind == "Forked" and Path(zygote_dir).is_dir()
     out = tmp_path / "w" / "out.txt"
     deadline = time.monotonic() + 120
     while not out.read_text().strip() and time.monotonic() < deadline:
@@ -98,9 +99,10 @@ def test_workers_do_not_outlive_the_process_that_started_them(tmp_path):
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 30
-    while (_alive(int(keeper)) or _alive(worker[0])) and time.monotonic() < deadline:
+    while (_alive(int(keeper)) or _alive(worker[0]) or Path(zygote_dir).exists()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(int(keeper)) and not _alive(worker[0])
+    assert not Path(zygote_dir).exists()
 
 
 def _children(pid: int) -> list[int]:
@@ -340,7 +342,7 @@ def test_a_command_that_leaves_its_process_group_does_not_outlive_the_process_th
     parent = textwrap.dedent(f"""
         import subprocess, sys, time
         from pathlib import Path
-        from tilesmith import sandbox
+        from tilesmith import forked, sandbox
         scratch = Path({str(tmp_path)!r}) / "w"; scratch.mkdir()
         env = {{**sandbox.scrubbed_env(scratch), "PYTHONPATH": {str(ROOT)!r}}}
         p = sandbox.popen([sys.executable, "-m", "tests.fakes.probe", "detach"], sandbox.Spec(scratch=str(scratch)),

@@ -24,10 +24,12 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
 import sys
+from pathlib import Path
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -285,6 +287,15 @@ def main(sock_fd: int, life_fd: int) -> None:
         for fd in fds:
             os.close(fd)
         sock.send(json.dumps({"pid": pid}).encode())
+    _remove_own_folder()
+
+
+def _remove_own_folder() -> None:
+    """The deciding process is gone or let this zygote go: its folder (HOME, TMPDIR, log) goes too, or a
+    killed deciding process leaves it behind. A deciding process that closes a zygote removes it itself."""
+    own = Path(_ZYGOTE_PATHS.get("cwd") or "")
+    if own.name.startswith("tilesmith-zygote-"):
+        shutil.rmtree(own, ignore_errors=True)
 
 
 if __name__ == "__main__":
