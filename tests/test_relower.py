@@ -159,3 +159,36 @@ def test_topk_as_sort_keeps_an_unsorted_or_0_d_topk_and_matches_a_sorted_one():
                    (lambda t: torch.ops.aten.topk.default(t, 1), torch.tensor(2.0))):  # 0-d: left as is
         gm = make_fx(f, decomposition_table=table)(arg)
         assert "aten.topk.default" in {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def test_a_replayed_search_sends_each_relowered_variant_to_the_gate_replayed_as_the_screen_timed_it(inference_ws):
+    """After the gate found our replay of a reduce-overhead graph not slower than Inductor's trees but short
+    of the threshold (GPU-bound), a re-lowered variant goes to the gate replayed too: the two gains add."""
+    from tilesmith.search import tuner
+
+    track = _Track(h.graph_of(inference_ws))
+    cfg = relower.RelowerConfig(enabled="1", jobs=1, variants=[relower.Variant("scalar C++", {"cpp.vec_isa_ok": False})])
+    cand = next(relower.search(track, Candidate, cfg, screen_budget_s=0.3, min_gain=-1.0, replayed=True))
+    assert cand.label == relower.LABEL_PREFIX + "scalar C++" + relower.REPLAYED_SUFFIX
+    assert tuner._GRAPHED_IMPORT in cand.text and cand.text.count(tuner._GRAPHED_IMPORT) == 1
+    assert "at::vec::Vectorized" not in cand.text and screen(cand.text) == []
+
+
+def test_relowered_variants_go_replayed_only_after_a_near_even_replay_of_a_graph_inductor_replays(tmp_path):
+    import json
+
+    from tilesmith.search import tuner
+
+    def near(mode, verdict):
+        (tmp_path / "graph.json").write_text(json.dumps({"compile_mode": mode, "device": "cuda:0"}))
+        return tuner.replay_near_even(type("T", (), {"graph_dir": tmp_path})(), verdict)
+
+    def timed(speedup, accepted=False, stage="timing"):
+        return {"accepted": accepted, "stage": stage, "first": {"timing": {"speedup": speedup}}}
+
+    assert near("cudagraphs", timed(1.003)) and near("cudagraphs", timed(1.0, stage="confirmation"))
+    assert not near("cudagraphs", timed(0.98))  # our replay is slower there: re-lowered code goes plain
+    assert not near("cudagraphs", timed(1.2, accepted=True))  # accepted: the next loop builds on it
+    assert not near("cudagraphs", {"accepted": False, "stage": "correctness", "first": None})
+    assert not near("cudagraphs", None)  # no replay proposed
+    assert not near("none", timed(1.01))  # a graph Inductor does not replay: the replay has its own candidate

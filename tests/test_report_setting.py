@@ -299,3 +299,9 @@ def test_setting_counts_the_other_accepted_changes_of_a_replayed_graph(setting_r
     two = [dataclasses.replace(cands[0], index=99)] + cands
     assert graph_setting(a, two, best).statement.startswith(f"tilesmith's replay (with 1 more accepted change) beats {RO} by ")
     assert graph_setting(a, cands, best).statement.startswith(f"tilesmith's replay beats {RO} by ")
+    # a re-lowering judged together with the replay (tuner.replay_near_even): the statement names it
+    from tilesmith.search.relower import LABEL_PREFIX, REPLAYED_SUFFIX
+
+    both = [dataclasses.replace(c, label=LABEL_PREFIX + "coordinate-descent tuning" + REPLAYED_SUFFIX) for c in cands]
+    assert graph_setting(a, both, best).statement.startswith(
+        "tilesmith's replay of Inductor's code lowered again (re-lowered: coordinate-descent tuning) beats ")

@@ -84,6 +84,7 @@ def graph_setting(g, cands: list, best_text: str | None) -> GraphSetting:
     """The setting line of GraphReport `g`: `cands` are its CandidateRows, `best_text` the accepted
     source (the track's best.py, or the reused artifact), None when nothing was accepted."""
     from tilesmith.gate import own_replay
+    from tilesmith.search.relower import REPLAYED_SUFFIX
 
     sp, lo = g.speedup, g.speedup_low
     cuda = g.device.startswith("cuda")
@@ -104,6 +105,9 @@ def graph_setting(g, cands: list, best_text: str | None) -> GraphSetting:
         if replays:
             more = len(accepted) - 1
             what = "tilesmith's replay" + (f" (with {more} more accepted change{'s' if more > 1 else ''})" if more > 0 else "")
+            relowered = [c.label for c in accepted if c.label.endswith(REPLAYED_SUFFIX)]
+            if relowered:  # the replay and a re-lowering judged together (tuner.replay_near_even)
+                what = f"tilesmith's replay of Inductor's code lowered again ({relowered[-1].removesuffix(REPLAYED_SUFFIX)})"
             return s("tilesmith-replay", f"{what} beats reduce-overhead's CUDA graph by {gain}: keep your compile mode; "
                                          "the runtime replays this graph itself and turns Inductor's replay off for it")
         if sp:

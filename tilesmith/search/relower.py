@@ -207,12 +207,13 @@ def merge(variants: list[Variant]) -> Variant | None:
 
 
 def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_budget_s: float = 3.0,
-           min_gain: float = 0.01):
+           min_gain: float = 0.01, replayed: bool = False):
     """Generator (the tuner's protocol): yields candidates built by make_candidate(text, label) and
     receives each verdict through send(). Two waves: the variants that compile in seconds first, then
     those that autotune GEMMs (minutes; they time on the GPU while compiling, so they never overlap a
     gate). An accepted candidate's config is kept under the next wave's variants, which must then beat
-    it. Every variant, screened or skipped, is recorded through track.record()."""
+    it. Every variant, screened or skipped, is recorded through track.record(). replayed: each candidate
+    goes to the gate replayed by tilesmith.cudagraph (tuner.replay_near_even), as the screen timed it."""
     cfg = cfg or RelowerConfig()
     gdir = track.graph_dir
     if not enabled(gdir, cfg) or track.expired():
@@ -235,7 +236,7 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
         for lw in winners:
             if track.expired():
                 return
-            verdict = yield make_candidate(_as_current(track.best_text, lw.text), LABEL_PREFIX + lw.variant.label)
+            verdict = yield make_candidate(*_proposed(track.best_text, lw, replayed))
             if verdict and verdict.get("accepted"):
                 base = lw.variant
                 break
@@ -309,6 +310,19 @@ def _body(text: str) -> str:
 
     body = re.sub(r"^\s*#.*\n", "", split_header(text)[1], flags=re.M)  # comments: source nodes, AOT id
     return re.sub(r"\b(cpp_fused|triton_[a-z]+_fused)(?:_\w+?)?_(\d+)\b", r"\1_\2", body)
+
+
+REPLAYED_SUFFIX = " + whole call replayed (tilesmith.cudagraph)"
+
+
+def _proposed(current: str, lw: Lowered, replayed: bool) -> tuple[str, str]:
+    """(text, label) of a re-lowered variant as it goes to the gate."""
+    from tilesmith.search.tuner import _GRAPHED_IMPORT, graphed_text
+
+    text, label = _as_current(current, lw.text), LABEL_PREFIX + lw.variant.label
+    if replayed and _GRAPHED_IMPORT not in text:
+        text, label = graphed_text(text), label + REPLAYED_SUFFIX
+    return text, label
 
 
 def _as_current(current: str, text: str) -> str:
