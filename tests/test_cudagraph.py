@@ -4,6 +4,7 @@ graphs that run as plain launches. The replay itself is tested on the GPU (tests
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import torch
@@ -75,8 +76,28 @@ def test_trees_mode_refuses_a_graph_that_updates_its_inputs_and_fits_this_torchs
     data = loading.load_graph_data(gdir)
     mod = loading.load_module((gdir / "wrapper.py").read_text(), data.constants)
     with pytest.raises(ValueError, match="updates inputs in place"):
-        tree_thunks(mod.call, loading.clone_args(data.inputs), "cpu", 2, [0])
+        tree_thunks(mod.call, [loading.clone_args(data.inputs)] * 2, "cpu", [0])
     assert callable(tree_function(mod.call, loading.clone_args(data.inputs), "cpu"))
+    assert callable(tree_function(mod.call, loading.clone_args(data.inputs), "cpu", static=[]))
+
+
+def test_the_trees_mark_static_what_inductor_did_where_the_gate_keeps_it_at_one_address(inference_ws):
+    """Capture records Inductor's static_input_idxs; the gate's trees mode marks exactly those static (and
+    copies the rest in, as the program's trees do) only where each is an input the gate's buffer sets keep
+    at one address; else None (every input static, the trees' cheapest path)."""
+    from tilesmith.gate.inputs import parameter_indices, trees_static
+
+    meta = json.loads((h.graph_of(inference_ws) / "graph.json").read_text())
+    marked = meta["inductor_static_inputs"]
+    assert isinstance(marked, list) and set(marked) <= parameter_indices(meta)
+    assert trees_static(meta) == sorted(marked)
+    params = sorted(parameter_indices(meta))
+    assert params, "the example's weights are graph inputs"
+    assert trees_static({**meta, "inductor_static_inputs": params[:1]}) == params[:1]
+    assert trees_static({**meta, "inductor_static_inputs": []}) == []  # nothing static: every input copied
+    moving = [i for i in range(len(meta["inputs"])) if i not in params]
+    assert moving and trees_static({**meta, "inductor_static_inputs": params + moving[:1]}) is None
+    assert trees_static({k: v for k, v in meta.items() if k != "inductor_static_inputs"}) is None
 
 
 def test_graphed_makes_the_plain_call_on_cpu_with_the_same_outputs(inference_ws):

@@ -375,7 +375,7 @@ def test_gpu_trees_mode_reads_the_refilled_inputs_in_place_and_gives_the_plain_o
 
     data, plain, _ = _modules(launch_graph)
     bufs = _fresh(data.inputs, 0)
-    thunks, alive = tree_thunks(plain.call, bufs, "cuda:0", 3, [])
+    thunks, alive = tree_thunks(plain.call, [bufs] * 3, "cuda:0", [])
     assert len(thunks) == 3 and alive is not None
     with torch.no_grad():
         for seed in range(1, 6):
@@ -384,6 +384,31 @@ def test_gpu_trees_mode_reads_the_refilled_inputs_in_place_and_gives_the_plain_o
                     dst.copy_(src)
             got = [o.clone() for o in thunks[seed % 3]()]
             _close(got, plain.call(list(bufs)))
+
+
+def test_gpu_trees_mode_with_inductors_static_marks_copies_the_others_in_from_each_buffer_set(launch_graph):
+    """The trees mode where the capture recorded Inductor's static inputs (gate.inputs.trees_static): only
+    those static, one thunk per buffer set: each call copies its own set's other inputs in (as the program's
+    trees do) and gives the plain call's outputs on that set, refilled between samples."""
+    from tilesmith.gate.inputs import parameter_indices, trees_static
+    from tilesmith.gate.worker_trees import tree_thunks
+
+    data, plain, _ = _modules(launch_graph)
+    static = trees_static(data.meta)
+    assert static is not None and set(static) <= parameter_indices(data.meta), data.meta.get("inductor_static_inputs")
+    first = _fresh(data.inputs, 0)
+    sets = [first] + [[first[i] if i in static else x for i, x in enumerate(_fresh(data.inputs, b))] for b in (1, 2)]
+    thunks, alive = tree_thunks(plain.call, sets, "cuda:0", [], static)
+    assert len(thunks) == 3 and alive is not None
+    with torch.no_grad():
+        for seed in range(3, 9):
+            for b, bufs in enumerate(sets):
+                for i, (dst, src) in enumerate(zip(bufs, _fresh(data.inputs, seed * 10 + b))):
+                    if isinstance(dst, torch.Tensor) and i not in static:
+                        dst.copy_(src)
+            b = seed % 3
+            got = [o.clone() for o in thunks[b]()]
+            _close(got, plain.call(list(sets[b])))
 
 
 def test_gpu_gate_times_a_reduce_overhead_original_through_the_cudagraph_trees(tmp_path, inductor_cache):

@@ -74,6 +74,9 @@ class CaptureSession:
         fx = getattr(g, "inductor_post_grad_graph_str", None) or "(FX program not available)"
         (gdir / WRAPPER_FILE).write_text(source.add_header(fx, canon))
         meta = self._graph_meta(g, info, consts)
+        static = pc.graph_kwargs.get("static_input_idxs")
+        if static is not None:  # what Inductor's cudagraph trees read in place (the gate's trees mode: worker_trees.py)
+            meta["inductor_static_inputs"] = sorted(int(i) for i in static)
         meta["environment"] = env
         _store_repro(g, gdir, meta, consts)
         write_json(gdir / GRAPH_FILE, meta)

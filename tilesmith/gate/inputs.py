@@ -23,6 +23,19 @@ def parameter_indices(meta: dict) -> set[int]:
     one buffer at one address, as a program's weights stay between steps."""
     return {i for i, d in enumerate(meta.get("inputs") or []) if d.get("parameter")}
 
+def trees_static(meta: dict) -> list[int] | None:
+    """The inputs the gate's trees mode marks static (gate/worker_trees.py): those Inductor marked static
+    when it compiled the graph (graph.json's inductor_static_inputs), where each of them is one the gate
+    keeps at one address across its buffer sets (parameter_indices); None where the capture did not record
+    them or Inductor marked others static too (a backward's saved activations): the trees then take their
+    cheapest path, every input static."""
+    marked = meta.get("inductor_static_inputs")
+    if not isinstance(marked, list):
+        return None
+    marked = sorted({int(i) for i in marked})
+    return marked if set(marked) <= parameter_indices(meta) else None
+
+
 RANDOM_KINDS = ("normal", "uniform", "positive", "heavy")
 # Scale of the high-magnitude set, by dtype: large, yet far from overflow in a product of two inputs.
 _LARGE = {torch.float16: 16.0, torch.bfloat16: 256.0, torch.float32: 1000.0, torch.float64: 1000.0}

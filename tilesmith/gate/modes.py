@@ -69,5 +69,7 @@ def _modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None) -> dict:
     else:
         v.warnings.append(Reason("own-replay", "the candidate replays its own CUDA graph: timed as plain calls "
                                                "against the original run through Inductor's cudagraph trees "
-                                               "(every input static, no input copied: their cheapest path)"))
+                                               "(the inputs Inductor marked static read in place, the others copied "
+                                               "in, as in the program; every input static where the capture did "
+                                               "not record Inductor's marks)"))
     return modes

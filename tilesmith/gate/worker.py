@@ -24,7 +24,7 @@ from tilesmith.capture.tensors import span_numel  # noqa: E402
 from tilesmith import clock  # noqa: E402
 from tilesmith.gate import patches  # noqa: E402
 from tilesmith.gate.fingerprint import _state_change, process_state  # noqa: E402
-from tilesmith.gate.inputs import parameter_indices  # noqa: E402
+from tilesmith.gate.inputs import parameter_indices, trees_static  # noqa: E402
 from tilesmith.gate.worker_outputs import _call, op_outputs, op_ref64  # noqa: E402
 from tilesmith.gate.worker_tensors import _as_list, _refill, _to_cpu, _to_device  # noqa: E402
 from tilesmith.gate.worker_warm import warm_device, warm_inductor  # noqa: E402
@@ -140,8 +140,8 @@ def _trees(st: State, role: str, fn) -> list:
     from tilesmith.gate.worker_trees import tree_thunks
 
     try:
-        mutated = (st.data.meta.get("mutated_inputs") if st.data else None) or []
-        thunks, alive = tree_thunks(fn, st.bufs[role][0], st.device, len(st.bufs[role]), mutated)
+        meta = st.data.meta if st.data else {}
+        thunks, alive = tree_thunks(fn, st.bufs[role], st.device, meta.get("mutated_inputs") or [], trees_static(meta))
     except Exception as e:  # noqa: BLE001 - the trees' own failure: time it as before
         st.trees_fallback = f"{type(e).__name__}: {e}"[:300]
         return [_capture_graph(st, role, fn, b) for b in st.bufs[role]]

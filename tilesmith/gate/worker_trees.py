@@ -7,11 +7,16 @@ to replay, its invariants, the outputs rebuilt from the graph's pool, inputs not
 A candidate that replays itself (tilesmith.cudagraph) runs in the program instead of the trees, so that is
 what it must beat; against a bare replay it never can (benchmarks/RESULTS.md, session 8).
 
-Here every tensor input is marked static and every call reads the first buffer set, refilled between
-samples (new values, same addresses): the trees copy no input and replay one node, their cheapest path.
-The program's trees can only do more (copy the inputs Inductor does not mark static), so the original is
-never timed slower than the program runs it. Each call is a new step (torch.compiler.cudagraph_mark_step_begin),
-as each call of an inference loop is.
+Where the capture recorded which inputs Inductor marked static (its static_input_idxs) and every one of
+them stays at one address in the gate's buffer sets (gate.inputs.trees_static), exactly those are static
+here and each call reads its own buffer set: the trees copy the others in on every call, as the program's
+trees do (they copy every input not marked static, whatever its address; session 15 on the H200: with no
+copy at all the original was timed cheaper than the program runs it, and the replay that won 1.17-1.28x
+in the program was rejected at 0.970x). Otherwise every tensor input is marked static and every call reads
+the first buffer set, refilled between samples (new values, same addresses): the trees copy no input and
+replay one node, their cheapest path, cheaper than any program's. Either way the original is never timed
+slower than the program runs it. Each call is a new step (torch.compiler.cudagraph_mark_step_begin), as
+each call of an inference loop is.
 """
 
 from __future__ import annotations
@@ -42,38 +47,49 @@ _SWITCHES = {k: getattr(config.triton, k) for k in ("force_cudagraphs_warmup", "
              if hasattr(config.triton, k)}
 
 
-def tree_thunks(fn, bufs: list, device: str, n: int, mutated) -> tuple[list, object]:
-    """n thunks (one per rotating buffer set; all read `bufs`) calling `fn` through the cudagraph trees,
-    already warmed up and recorded, and the object that must stay alive while they are timed. Raises where
-    the trees cannot be set up or their first calls fail (the caller then times a bare replay)."""
+def tree_thunks(fn, bufsets: list, device: str, mutated, static: list | None = None) -> tuple[list, object]:
+    """One thunk per rotating buffer set calling `fn` through the cudagraph trees, already warmed up and
+    recorded, and the object that must stay alive while they are timed. Raises where the trees cannot be
+    set up or their first calls fail (the caller then times a bare replay).
+
+    static: the inputs Inductor marked static when it compiled the graph (gate.inputs.trees_static): only
+    those are static here too and every thunk reads its own buffer set, so the trees copy the other inputs
+    in on every call, as the program's trees do (they copy every input not marked static, whatever its
+    address). None: every input static and every thunk reads the first buffer set, refilled between
+    samples, so no input is copied (the trees' cheapest path, cheaper than any program's)."""
     if mutated:
         # Inputs the graph updates in place: the program's trees would copy them back and forth (or skip
         # CUDA graphs); no cheapest path is known, so the caller times a bare replay instead.
         raise ValueError("the graph updates inputs in place")
     if _RESET is not None:  # the worker's own trees only: candidates never run under them here
         _RESET()
-    run = tree_function(fn, bufs, device)
+    run = tree_function(fn, bufsets[0], device, static)
     mark = _MARK_STEP
 
-    def call():
-        mark()
-        return run(list(bufs))
+    def thunk(bufs):
+        def call():
+            mark()
+            return run(list(bufs))
+        return call
 
+    calls = [thunk(bufsets[0])] * len(bufsets) if static is None else [thunk(b) for b in bufsets]
     with torch.no_grad():
-        for _ in range(4):  # warmed up, recorded, replayed: a failure here is the trees', before any timing
-            call()
-    return [call] * n, run
+        for _ in range(2):  # warmed up, recorded, replayed: a failure here is the trees', before any timing
+            for call in calls[:2]:
+                call()
+    return calls, run
 
 
-def tree_function(fn, bufs: list, device: str):
-    """Inductor's own wrapping of a compiled call under reduce-overhead (compile_fx.cudagraphify), every
-    tensor input static, the trees' switches as they were when the worker started; only the keywords this
-    torch's signature has are passed."""
+def tree_function(fn, bufs: list, device: str, static: list | None = None):
+    """Inductor's own wrapping of a compiled call under reduce-overhead (compile_fx.cudagraphify), the
+    inputs at `static` static (None: every tensor input), the trees' switches as they were when the worker
+    started; only the keywords this torch's signature has are passed."""
     for k, v in _SWITCHES.items():
         setattr(config.triton, k, v)
     with torch.no_grad():
         n_out = len(_as_list(fn(list(bufs))))  # a plain call first: how many outputs (stack_traces has one each)
-    static = [i for i, x in enumerate(bufs) if isinstance(x, torch.Tensor)]
+    if static is None:
+        static = [i for i, x in enumerate(bufs) if isinstance(x, torch.Tensor)]
     kw = dict(device_index=torch.device(device).index or 0, stack_traces=[None] * n_out, is_backward=False,
               is_inference=True, constants=(), placeholders=(), mutated_input_idxs=())
     params = inspect.signature(_CUDAGRAPHIFY).parameters
