@@ -192,3 +192,37 @@ def test_relowered_variants_go_replayed_only_after_a_near_even_replay_of_a_graph
     assert not near("cudagraphs", {"accepted": False, "stage": "correctness", "first": None})
     assert not near("cudagraphs", None)  # no replay proposed
     assert not near("none", timed(1.01))  # a graph Inductor does not replay: the replay has its own candidate
+
+
+def test_after_an_accepted_relowering_of_a_graph_inductor_replays_the_replay_of_the_new_code_is_proposed(tmp_path,
+                                                                                                    monkeypatch):
+    """Less GPU work leaves the trees' host time the larger part of the step: after a re-lowered candidate is
+    accepted on a reduce-overhead graph, the whole-call replay of the new code goes to the gate next, once,
+    and the re-lowering search then goes on with its own verdict."""
+    import json
+
+    from tilesmith.search import tuner
+
+    got = []
+
+    def inner():
+        got.append(("lowered-1", (yield Candidate("lowered-1", "re-lowered: a"))["n"]))
+        got.append(("lowered-2", (yield Candidate("lowered-2", "re-lowered: b"))["n"]))
+
+    def replayed(track, cfg):
+        got.append(("replay", (yield Candidate(tuner.graphed_text(track.best_text), "replay"))["n"]))
+
+    monkeypatch.setattr(tuner, "_graphed_step", replayed)
+    for mode, want in (("cudagraphs", ["lowered-1", "replay", "lowered-2"]), ("none", ["lowered-1", "lowered-2"])):
+        (tmp_path / "graph.json").write_text(json.dumps({"compile_mode": mode, "device": "cuda:0"}))
+        track = type("T", (), {"graph_dir": tmp_path, "best_text": "def call(args):\n    pass\n"})()
+        got.clear()
+        gen = tuner._relowered_then_replayed(inner(), track, tuner.TunerConfig())
+        seen = [next(gen).text]
+        for _ in range(4):
+            try:
+                seen.append(gen.send({"accepted": True, "n": len(seen)}).text)
+            except StopIteration:
+                break
+        assert [s if s.startswith("lowered") else "replay" for s in seen] == want, seen
+        assert sorted(got, key=lambda g: g[1]) == [(w, i + 1) for i, w in enumerate(want)]  # each its own verdict

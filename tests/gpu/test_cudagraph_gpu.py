@@ -61,13 +61,12 @@ def test_gpu_graphed_replays_give_the_plain_outputs_and_outputs_the_caller_keeps
         kept.append(([a.clone() for a in got], got))
     for copies, outs in kept:  # later calls did not write into what earlier calls returned
         assert all(torch.equal(c, o) for c, o in zip(copies, outs))
-    # The first call is the plain warm-up; the caller kept every output: more instances took the calls
-    # (ROTATE at most), then (once every instance's outputs were held) those outputs are copied out.
-    from tilesmith.cudagraph import ROTATE
-
+    # The first call is the plain warm-up; every call's inputs moved (captures 2 and 3 learn that and copy
+    # them in from then on), and the caller kept every output: another instance took the fifth call (ROTATE
+    # at most; once every instance's outputs are held, those outputs are copied out instead).
     assert wrapped.call.replays == 4 and wrapped.call.plain_calls == 1, wrapped.call.plain_reasons()
     (lay,) = wrapped.call.describe()
-    assert (lay["outputs_copied"] >= 1 or lay["instances"] == ROTATE) and lay["reason"] is None, lay
+    assert (lay["outputs_copied"] >= 1 or lay["instances"] >= 2) and lay["reason"] is None, lay
 
 
 def test_gpu_graphed_caller_that_keeps_one_earlier_call_besides_the_last_gets_a_third_instance_not_copies(launch_graph):
