@@ -187,6 +187,7 @@ def program_setting(run_id: str, graphs: list, estimate) -> ProgramSetting:
 # How the gate times reduce-overhead's replay (gate/worker.py op_time_setup, gate/worker_trees.py): never slower
 # than Inductor's own code path in the program.
 NOTE = ("reduce-overhead's replay, as the gate times it: against a candidate that replays itself, Inductor's code "
-        "through its cudagraph trees with every input static (nothing copied in: the trees' cheapest path); against "
+        "through its cudagraph trees, the inputs Inductor marked static read in place and the others copied in as "
+        "in the program (every input static, nothing copied, where the capture has no marks); against "
         "any other candidate, Inductor's code replayed from a plain CUDA graph per input buffer set, inputs already "
         "in place, without the input copies and checks of the trees")

@@ -57,8 +57,8 @@ def _modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None) -> dict:
     """Roles timed in another mode than the graph's. Inductor replays the original of a graph compiled
     with CUDA graphs; a candidate that replays itself (the runtime turns Inductor's CUDA graphs off for a
     graph whose artifact does) is timed as plain calls of its own replay: each the way it would run. The
-    original it replaces then runs as the program would run it, through Inductor's cudagraph trees, on
-    their cheapest path (gate/worker_trees.py); a bare replay where the trees cannot be set up."""
+    original it replaces then runs as the program would run it, through Inductor's cudagraph trees
+    (gate/worker_trees.py); a bare replay where the trees cannot be set up."""
     if mode != "graph" or not own_replay(raw.decode(errors="replace")):
         return {}
     modes = {"candidate": "launch", "baseline": "trees"}
