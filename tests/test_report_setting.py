@@ -203,7 +203,7 @@ def test_setting_under_reduce_overhead_names_tilesmiths_replay_inductors_replay_
     assert p.change == (f"none to torch.compile: keep its mode; `tilesmith install {rep.run_id}`, then `import "
                         "tilesmith.runtime` in the program (or TILESMITH_RUNTIME=1); the runtime turns Inductor's "
                         "replay off for the 1 graph it replays itself")
-    assert "through its cudagraph trees with every input static" in p.note
+    assert "through its cudagraph trees, the inputs Inductor marked static read in place" in p.note
     # the same lines in the text, the JSON and the HTML
     out = _cli(rep.run_id)
     for x in g.values():
