@@ -38,6 +38,31 @@ def test_training_capture_has_forward_and_backward_graphs_on_both_sides_of_the_g
     assert len(params) == 4  # fc1 and fc2 weight and bias
 
 
+
+def test_capture_records_inductors_static_marks_and_which_inputs_are_earlier_graphs_outputs(training_ws):
+    """The second forward graph reads the first one's output (h, across the graph break) and each backward
+    reads what its forward saved: the program's cudagraph trees read such inputs in place, so the gate's
+    trees mode must not copy them (gate.inputs.trees_static: the every-input-static path for those graphs)."""
+    from tilesmith.gate.inputs import parameter_indices, trees_static
+
+    ws = wsmod.load(training_ws)
+    metas = {g.key: wsmod.load_graph_json(ws.graph_dir(g.key)) for g in ws.graphs}
+    by_kind: dict = {}
+    for g in ws.graphs:
+        by_kind.setdefault(g.kind, []).append(metas[g.key])
+    for meta in metas.values():
+        assert isinstance(meta["inductor_static_inputs"], list)
+        assert meta["inputs_from_graphs"] is None or isinstance(meta["inputs_from_graphs"], list)
+    fed = [m for m in by_kind["forward"] if m["inputs_from_graphs"]]
+    first = [m for m in by_kind["forward"] if m["inputs_from_graphs"] == []]
+    assert len(fed) == 1 and len(first) == 1, [m["inputs_from_graphs"] for m in by_kind["forward"]]
+    assert not set(fed[0]["inputs_from_graphs"]) & parameter_indices(fed[0])  # h, not a weight
+    assert trees_static(fed[0]) is None
+    assert trees_static(first[0]) == first[0]["inductor_static_inputs"]
+    for meta in by_kind["backward"]:
+        assert meta["inputs_from_graphs"] and trees_static(meta) is None
+
+
 def test_inference_under_no_grad_is_captured_as_one_inference_graph_with_value_ranges(inference_ws):
     ws = wsmod.load(inference_ws)
     assert [g.kind for g in ws.graphs] == ["inference"]

@@ -183,11 +183,14 @@ def test_relowered_variants_go_replayed_only_after_a_near_even_replay_of_a_graph
         (tmp_path / "graph.json").write_text(json.dumps({"compile_mode": mode, "device": "cuda:0"}))
         return tuner.replay_near_even(type("T", (), {"graph_dir": tmp_path})(), verdict)
 
-    def timed(speedup, accepted=False, stage="timing"):
-        return {"accepted": accepted, "stage": stage, "first": {"timing": {"speedup": speedup}}}
+    def timed(speedup, accepted=False, stage="timing", code="not-faster"):
+        return {"accepted": accepted, "stage": stage, "first": {"timing": {"speedup": speedup}},
+                "reasons": [] if accepted else [{"code": code, "message": "..."}]}
 
     assert near("cudagraphs", timed(1.003)) and near("cudagraphs", timed(1.0, stage="confirmation"))
     assert not near("cudagraphs", timed(0.98))  # our replay is slower there: re-lowered code goes plain
+    assert not near("cudagraphs", timed(1.01, code="wrong-values-in-timing"))  # rejected for its values
+    assert not near("cudagraphs", timed(1.01, stage="confirmation", code="wrong-values"))
     assert not near("cudagraphs", timed(1.2, accepted=True))  # accepted: the next loop builds on it
     assert not near("cudagraphs", {"accepted": False, "stage": "correctness", "first": None})
     assert not near("cudagraphs", None)  # no replay proposed
@@ -226,3 +229,16 @@ def test_after_an_accepted_relowering_of_a_graph_inductor_replays_the_replay_of_
                 break
         assert [s if s.startswith("lowered") else "replay" for s in seen] == want, seen
         assert sorted(got, key=lambda g: g[1]) == [(w, i + 1) for i, w in enumerate(want)]  # each its own verdict
+    closed = []
+
+    def endless():
+        try:
+            while True:
+                yield Candidate("lowered", "re-lowered: c")
+        finally:
+            closed.append(True)
+
+    gen = tuner._relowered_then_replayed(endless(), track, tuner.TunerConfig())
+    next(gen)
+    gen.close()  # the tuner's time limit: the re-lowering search is closed with it
+    assert closed == [True]

@@ -28,6 +28,9 @@ def count_kernels(src: str) -> dict:
     }
 
 
+OUTPUT_CALLS = 16  # calls per graph whose output storages capture remembers (see _inputs_from_graphs)
+
+
 class CaptureSession:
     """Collects graphs into `ws_path/graphs/`; `graphs` maps key -> GraphInfo."""
 
@@ -45,6 +48,12 @@ class CaptureSession:
         self._cache_dirs = _cache_dirs()
         self.targets: dict[str, list] = {}  # key -> [the callable the graph's call runs]
         self.constants: dict[str, dict] = {}  # key -> the module globals Inductor injected
+        # Storages of the outputs of each graph's first OUTPUT_CALLS calls: a graph whose first call reads one
+        # (a graph after a graph break, fed by the one before) has inputs the program's cudagraph trees read in
+        # place as their own earlier outputs, never copied (graph.json "inputs_from_graphs"; gate.inputs.trees_static).
+        self._out_storages: dict[str, set] = {}
+        self._out_calls: dict[str, int] = {}
+        self._outputs_known = True  # False once a graph ran past OUTPUT_CALLS: later first calls cannot tell
 
     def swap(self, key: str, fn) -> None:
         """From the next call on, graph `key` runs `fn` (a loaded wrapper's call) instead."""
@@ -74,8 +83,12 @@ class CaptureSession:
         fx = getattr(g, "inductor_post_grad_graph_str", None) or "(FX program not available)"
         (gdir / WRAPPER_FILE).write_text(source.add_header(fx, canon))
         meta = self._graph_meta(g, info, consts)
-        static = pc.graph_kwargs.get("static_input_idxs")
-        if static is not None:  # what Inductor's cudagraph trees read in place (the gate's trees mode: worker_trees.py)
+        # What Inductor's cudagraph trees read in place (the gate's trees mode: worker_trees.py): fx_kwargs is
+        # what cudagraph_post_compile hands the trees, also on a cache hit (whose graph_kwargs lack it).
+        static = (getattr(g, "fx_kwargs", None) or {}).get("static_input_idxs")
+        if static is None:
+            static = pc.graph_kwargs.get("static_input_idxs")
+        if static is not None:
             meta["inductor_static_inputs"] = sorted(int(i) for i in static)
         meta["environment"] = env
         _store_repro(g, gdir, meta, consts)
@@ -153,7 +166,7 @@ class CaptureSession:
         # target[0] is what runs: Inductor's call, until swap() puts an accepted wrapper's call there
         # (tilesmith.compile). A call reads it once, so a call in flight finishes on the code it began with.
         target = [g.current_callable]
-        state = {"done": False}
+        state = {"done": False, "calls": 0}
         lock = threading.Lock()
         session = self
         self.targets[info.key] = target
@@ -161,7 +174,9 @@ class CaptureSession:
         def first_call(args):
             inner = target[0]
             if state["done"]:
-                return inner(args)
+                if state["calls"] >= OUTPUT_CALLS:
+                    return inner(args)
+                return session._note_outputs(info.key, state, inner(args))
             with lock:
                 if state["done"]:
                     return inner(args)
@@ -170,10 +185,11 @@ class CaptureSession:
                     saved = [tensors.snapshot(a) if isinstance(a, torch.Tensor) else a for a in args]
                     refs = list(args)  # call() does args.clear()
                     rng = _rng_state(refs)
+                    meta["inputs_from_graphs"] = session._inputs_from_graphs(refs)
                 except Exception as e:  # never break the user's program over a capture problem
                     session._mark(info, meta, gdir, f"could not snapshot inputs: {e!r}")
                     return inner(args)
-            out = inner(args)
+            out = session._note_outputs(info.key, state, inner(args))
             try:
                 session._store_first_call(g, info, gdir, meta, refs, saved, rng, out)
             except Exception as e:
@@ -182,6 +198,30 @@ class CaptureSession:
 
         first_call.__name__ = "call"
         g.current_callable = first_call
+
+    def _note_outputs(self, key: str, state: dict, out):
+        """Remember the storages `out` lives in (a graph's first OUTPUT_CALLS calls); returns `out`."""
+        try:
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            ptrs = {(o.untyped_storage().data_ptr(), str(o.device)) for o in outs if isinstance(o, torch.Tensor)}
+            with self._lock:
+                state["calls"] += 1
+                self._out_storages.setdefault(key, set()).update(ptrs)
+                if state["calls"] >= OUTPUT_CALLS:
+                    self._outputs_known = False
+        except Exception:  # noqa: BLE001 - never break the user's program over a capture problem
+            self._outputs_known = False
+        return out
+
+    def _inputs_from_graphs(self, refs: list) -> list[int] | None:
+        """Positions of the inputs that live in a storage an earlier graph's output lives in; None when that
+        cannot be told (a graph ran past OUTPUT_CALLS before this one's first call)."""
+        with self._lock:
+            if not self._outputs_known:
+                return None
+            seen = set().union(*self._out_storages.values()) if self._out_storages else set()
+        return [i for i, a in enumerate(refs) if isinstance(a, torch.Tensor)
+                and (a.untyped_storage().data_ptr(), str(a.device)) in seen]
 
     def _store_first_call(self, g, info, gdir, meta, refs, saved, rng, out) -> None:
         outs = list(out) if isinstance(out, (list, tuple)) else [out]

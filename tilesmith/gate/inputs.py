@@ -26,11 +26,15 @@ def parameter_indices(meta: dict) -> set[int]:
 def trees_static(meta: dict) -> list[int] | None:
     """The inputs the gate's trees mode marks static (gate/worker_trees.py): those Inductor marked static
     when it compiled the graph (graph.json's inductor_static_inputs), where each of them is one the gate
-    keeps at one address across its buffer sets (parameter_indices); None where the capture did not record
-    them or Inductor marked others static too (a backward's saved activations): the trees then take their
-    cheapest path, every input static."""
+    keeps at one address across its buffer sets (parameter_indices) and no input is an earlier graph's
+    output (graph.json's inputs_from_graphs, empty); None where the capture did not record them, Inductor
+    marked others static too (a backward's saved activations) or an input comes from another graph: the
+    trees then take their cheapest path, every input static."""
     marked = meta.get("inductor_static_inputs")
-    if not isinstance(marked, list):
+    if not isinstance(marked, list) or meta.get("inputs_from_graphs") != []:
+        # An input that is an earlier graph's output is one the program's trees read in place (their own
+        # managed memory) and the gate's buffer sets would move: copying it would charge the original for a
+        # copy the program never makes. Unknown (None, or an older capture) counts as such an input.
         return None
     marked = sorted({int(i) for i in marked})
     return marked if set(marked) <= parameter_indices(meta) else None

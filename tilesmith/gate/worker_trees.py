@@ -7,16 +7,18 @@ to replay, its invariants, the outputs rebuilt from the graph's pool, inputs not
 A candidate that replays itself (tilesmith.cudagraph) runs in the program instead of the trees, so that is
 what it must beat; against a bare replay it never can (benchmarks/RESULTS.md, session 8).
 
-Where the capture recorded which inputs Inductor marked static (its static_input_idxs) and every one of
-them stays at one address in the gate's buffer sets (gate.inputs.trees_static), exactly those are static
-here and each call reads its own buffer set: the trees copy the others in on every call, as the program's
-trees do (they copy every input not marked static, whatever its address; session 15 on the H200: with no
-copy at all the original was timed cheaper than the program runs it, and the replay that won 1.17-1.28x
-in the program was rejected at 0.970x). Otherwise every tensor input is marked static and every call reads
-the first buffer set, refilled between samples (new values, same addresses): the trees copy no input and
-replay one node, their cheapest path, cheaper than any program's. Either way the original is never timed
-slower than the program runs it. Each call is a new step (torch.compiler.cudagraph_mark_step_begin), as
-each call of an inference loop is.
+Where the capture recorded which inputs Inductor marked static (its static_input_idxs), every one of them
+stays at one address in the gate's buffer sets, and no input is an earlier graph's output
+(gate.inputs.trees_static), exactly those are static here and each call reads its own buffer set: the trees
+copy the others in on every call, as the program's trees do (they copy, whatever its address, every input
+neither marked static nor an earlier graph's output, which they read in place as their own memory). With no
+copy at all the original was timed cheaper than the program runs it (session 15 on the H200: the MoE's
+replay, 1.17-1.28x faster than reduce-overhead in the program, was rejected at 0.970-0.979x; 0.993x with
+the copy). Otherwise every tensor input is marked static and every call reads the first buffer set,
+refilled between samples (new values, same addresses): the trees copy no input and replay one node, their
+cheapest path, cheaper than any program's. Either way the original is never timed slower than the program
+runs it. Each call is a new step (torch.compiler.cudagraph_mark_step_begin), as each call of an inference
+loop is.
 """
 
 from __future__ import annotations
@@ -54,9 +56,10 @@ def tree_thunks(fn, bufsets: list, device: str, mutated, static: list | None = N
 
     static: the inputs Inductor marked static when it compiled the graph (gate.inputs.trees_static): only
     those are static here too and every thunk reads its own buffer set, so the trees copy the other inputs
-    in on every call, as the program's trees do (they copy every input not marked static, whatever its
-    address). None: every input static and every thunk reads the first buffer set, refilled between
-    samples, so no input is copied (the trees' cheapest path, cheaper than any program's)."""
+    in on every call, as the program's trees do (they copy every input neither marked static nor their own
+    earlier output, whatever its address). None: every input static and every thunk reads the first
+    buffer set, refilled between samples, so no input is copied (the trees' cheapest path, cheaper than
+    any program's)."""
     if mutated:
         # Inputs the graph updates in place: the program's trees would copy them back and forth (or skip
         # CUDA graphs); no cheapest path is known, so the caller times a bare replay instead.

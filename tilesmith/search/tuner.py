@@ -96,16 +96,19 @@ def _relowered_then_replayed(inner: Generator[Candidate, dict, None], track: Tra
     accepted at 1.16x, and under the trees the program's step was then host-bound)."""
     verdict = None
     tried = False
-    while True:
-        try:
-            cand = inner.send(verdict) if verdict is not None else next(inner)
-        except StopIteration:
-            return
-        verdict = yield cand
-        if verdict and verdict.get("accepted") and not tried and _GRAPHED_IMPORT not in track.best_text \
-                and _inductor_replays(track):
-            tried = True
-            yield from _graphed_step(track, cfg)
+    try:
+        while True:
+            try:
+                cand = inner.send(verdict) if verdict is not None else next(inner)
+            except StopIteration:
+                return
+            verdict = yield cand
+            if verdict and verdict.get("accepted") and not tried and _GRAPHED_IMPORT not in track.best_text \
+                    and _inductor_replays(track):
+                tried = True
+                yield from _graphed_step(track, cfg)
+    finally:
+        inner.close()
 
 
 def _inductor_replays(track: Track) -> bool:
@@ -120,6 +123,9 @@ def replay_near_even(track: Track, verdict: dict | None) -> bool:
     host cost is a gain too small alone. Re-lowered candidates then go to the gate replayed as well, so that
     a kernel-level gain and the replay's add up instead of each facing the threshold on its own."""
     if not verdict or verdict.get("accepted") or verdict.get("stage") not in ("timing", "confirmation"):
+        return False
+    codes = [r.get("code") for r in verdict.get("reasons") or []]
+    if not codes or any(c != "not-faster" for c in codes):  # wrong values, a forged timing...: not this
         return False
     timing = (verdict.get("first") or {}).get("timing") or {}
     return _inductor_replays(track) and float(timing.get("speedup") or 0.0) >= 1.0
