@@ -83,6 +83,10 @@ def test_capture_twice_on_a_cold_and_a_warm_inductor_cache_gives_the_same_keys(t
     keys = lambda w: sorted(g.key for g in wsmod.load(w).graphs)  # noqa: E731
     assert keys(cold) == keys(warm) == keys(training_ws)
     assert all(g.data_stored for g in wsmod.load(warm).graphs)
+    # Inductor's static marks on a cache hit too (read from the compiled graph's fx_kwargs), the same as cold
+    marks = lambda w: {g.key: wsmod.load_graph_json(wsmod.load(w).graph_dir(g.key))["inductor_static_inputs"]  # noqa: E731
+                       for g in wsmod.load(w).graphs}
+    assert marks(warm) == marks(cold) and all(isinstance(v, list) for v in marks(warm).values())
 
 
 def test_every_eligible_graph_replays_in_a_fresh_process_to_the_captured_outputs(training_ws, inference_ws):
