@@ -48,7 +48,8 @@ def test_a_reduce_overhead_original_is_timed_through_the_trees_against_a_candida
     """The gate's timing modes per role for a graph compiled with CUDA graphs (graph mode): a candidate that
     replays itself runs as plain calls of its replay, the original through Inductor's cudagraph trees (as the
     program runs it; gate/worker_trees.py), a best-so-far that replays itself as plain calls too. A candidate
-    that does not replay itself: both in graph mode, as before. (The trees run on the GPU: tests/gpu.)"""
+    that does not replay itself, with no graph.json given: both in graph mode (with it: the next test). (The
+    trees run on the GPU: tests/gpu.)"""
     from tilesmith.gate import _modes
     from tilesmith.gate.verdict import Verdict
 
@@ -62,6 +63,45 @@ def test_a_reduce_overhead_original_is_timed_through_the_trees_against_a_candida
     assert _modes(Verdict(False, "timing", "k", ""), "graph", own, best) == {"candidate": "launch",
                                                                                        "baseline": "launch"}
     assert _modes(v, "graph", text.encode(), None) == {} and _modes(v, "launch", own, None) == {}
+
+
+
+def test_a_candidate_that_does_not_replay_itself_runs_through_the_trees_as_the_original_where_each_call_has_its_inputs(
+        inference_ws, tmp_path):
+    """Code the program's trees will run (a reduce-overhead graph's plain candidate): the original and the
+    candidate both through the trees, as the program runs installed code, where Inductor's static marks let
+    each call read its own buffer set (gate.inputs.trees_static); never where every call would read the same
+    inputs (a cache keyed on them). The candidate and the original beside it are set up in one request then
+    (timed._setups), so the worker frees earlier trees once for both."""
+    from types import SimpleNamespace
+
+    from tilesmith.gate import _modes
+    from tilesmith.gate.timed import _setups
+    from tilesmith.gate.verdict import Verdict
+
+    gdir = h.graph_of(inference_ws)
+    meta = json.loads((gdir / "graph.json").read_text())
+    text = (gdir / "wrapper.py").read_text()
+    v = Verdict(False, "timing", "k", "")
+    assert _modes(v, "graph", text.encode(), None, meta) == {"candidate": "trees", "baseline": "trees"}
+    assert [w.code for w in v.warnings] == ["trees"] and "cudagraph trees" in v.warnings[0].message
+    unknown = {k: x for k, x in meta.items() if k != "inductor_static_inputs"}
+    fed = {**meta, "inputs_from_graphs": [0]}
+    for m in (unknown, fed, None):
+        assert _modes(Verdict(False, "timing", "k", ""), "graph", text.encode(), None, m) == {}
+    best = tmp_path / "best.py"
+    best.write_text(tuner.graphed_text(text))  # the best so far replays itself: as before, both in graph mode
+    assert _modes(Verdict(False, "timing", "k", ""), "graph", text.encode(), best, meta) == {}
+    assert _modes(Verdict(False, "timing", "k", ""), "launch", text.encode(), None, meta) == {}
+
+    ref, w = SimpleNamespace(timer="T", base_role="original"), "W"
+    trees = {"mode": "graph", "modes": {"candidate": "trees", "baseline": "trees"}}
+    assert _setups(trees, ref, w, "graph") == [("T", ["original"], "trees"), ("W", ["candidate", "baseline"], "trees")]
+    own = {"modes": {"candidate": "launch", "baseline": "trees"}}
+    assert _setups(own, ref, w, "graph") == [("T", ["original"], "trees"), ("W", ["candidate"], "launch"),
+                                             ("W", ["baseline"], "trees")]
+    assert _setups({"modes": {}}, ref, w, "graph") == [("T", ["original"], "graph"), ("W", ["candidate"], "graph"),
+                                                       ("W", ["baseline"], "graph")]
 
 
 def test_trees_mode_refuses_a_graph_that_updates_its_inputs_and_fits_this_torchs_cudagraphify(inference_ws):

@@ -4,6 +4,7 @@ aside inside the caller's own capture, and the gate accepts it as faster for a l
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -410,18 +411,41 @@ def test_gpu_trees_mode_with_inductors_static_marks_copies_the_others_in_from_ea
             _close(got, plain.call(list(sets[b])))
 
 
-def test_gpu_gate_times_a_reduce_overhead_original_through_the_cudagraph_trees(tmp_path, inductor_cache):
+@pytest.fixture(scope="module")
+def ro_graph(tmp_path_factory, inductor_cache) -> Path:
+    ws = tmp_path_factory.mktemp("ws-ro") / "ws"
+    p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--device", "cuda", "--steps", "3", "--mode",
+                               "reduce-overhead")
+    assert p.returncode == 0, p.stderr
+    return h.graph_of(ws)
+
+
+def test_gpu_gate_times_a_plain_candidate_of_a_reduce_overhead_graph_through_the_trees_as_the_original(ro_graph,
+                                                                                                     tmp_path):
+    """Code the program's trees will run (not a replay of its own): the original and the candidate both
+    through Inductor's cudagraph trees, each call from its own buffer set. The candidate here is the original's
+    own code (A/A): rejected as not faster, with the trees set up for both roles (no fallback)."""
+    from tilesmith.gate import Policy, judge
+    from tilesmith.gate.inputs import trees_static
+
+    assert trees_static(json.loads((ro_graph / "graph.json").read_text())) is not None
+    cand = tmp_path / "same.py"
+    cand.write_text((ro_graph / "wrapper.py").read_text())
+    v = judge(ro_graph, cand, Policy(time_budget_s=8.0))
+    codes = {w.code for w in v.warnings}
+    assert "trees" in codes and "trees-unavailable" not in codes, [w.message for w in v.warnings]
+    assert v.first.timing is not None and v.first.timing.mode == "graph"
+    assert not v.accepted and v.codes == ["not-faster"], v.reasons
+
+
+def test_gpu_gate_times_a_reduce_overhead_original_through_the_cudagraph_trees(ro_graph, tmp_path):
     """A graph compiled with reduce-overhead, judged against tilesmith's own replay of it: the original is
     timed through Inductor's cudagraph trees (as the program runs it), not as a bare replay, and the
     decision is a timing decision (accepted, or rejected as not faster), never a failure to set it up."""
     from tilesmith.gate import Policy, judge
     from tilesmith.search.tuner import graphed_text
 
-    ws = tmp_path / "ws"
-    p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--device", "cuda", "--steps", "3", "--mode",
-                               "reduce-overhead")
-    assert p.returncode == 0, p.stderr
-    graph = h.graph_of(ws)
+    graph = ro_graph
     cand = tmp_path / "graphed.py"
     cand.write_text(graphed_text((graph / "wrapper.py").read_text()))
     v = judge(graph, cand, Policy(time_budget_s=8.0))

@@ -90,7 +90,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     device = graph_device(meta)
     ctx = dict(gdir=gdir, meta=meta, cand=cand, timing_base=timing_base, timing_base_sha=v.timing_baseline_sha256 or "",
                scratch=scratch, device=device, policy=policy, mode=mode, note=note, clock=clock, WorkerFailure=WorkerFailure, spares=spares,
-               modes=_modes(v, mode, raw, timing_base), warnings=v.warnings)
+               modes=_modes(v, mode, raw, timing_base, meta), warnings=v.warnings)
     seeds, sets, contents = _input_sets(gdir, meta, policy, clock)
     ctx["pair"] = (1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1)
     note("load", "starting workers; the original runs in its own reference worker")

@@ -53,13 +53,29 @@ def own_replay(text: str) -> bool:
             and isinstance(last.value.args[0], ast.Name) and last.value.args[0].id == "call")
 
 
-def _modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None) -> dict:
+TREES_BOTH = ("timed through Inductor's cudagraph trees, the original and the candidate alike: the program runs "
+              "installed code of a graph compiled with CUDA graphs under the trees, whose host time per call a bare "
+              "replay leaves out (the MoE on the H200: a bare-replay gain of 1.19x was 1.12x in the program)")
+
+
+def _modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None, meta: dict | None = None) -> dict:
     """Roles timed in another mode than the graph's. Inductor replays the original of a graph compiled
     with CUDA graphs; a candidate that replays itself (the runtime turns Inductor's CUDA graphs off for a
     graph whose artifact does) is timed as plain calls of its own replay: each the way it would run. The
     original it replaces then runs as the program would run it, through Inductor's cudagraph trees
     (gate/worker_trees.py); a bare replay where the trees cannot be set up."""
-    if mode != "graph" or not own_replay(raw.decode(errors="replace")):
+    if mode != "graph":
+        return {}
+    if not own_replay(raw.decode(errors="replace")):
+        # Code the trees will run in the program: both roles through the trees, where each call can read its
+        # own buffer set (Inductor's static marks known, gate.inputs.trees_static): a candidate must never run
+        # where every call reads the same inputs (a cache keyed on them would answer from memory).
+        from tilesmith.gate.inputs import trees_static
+
+        base_replays = timing_base is not None and own_replay(timing_base.read_text())
+        if meta is not None and not base_replays and trees_static(meta) is not None:
+            v.warnings.append(Reason("trees", TREES_BOTH))
+            return {"candidate": "trees", "baseline": "trees"}
         return {}
     modes = {"candidate": "launch", "baseline": "trees"}
     if timing_base is not None and own_replay(timing_base.read_text()):

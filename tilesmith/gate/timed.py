@@ -27,19 +27,29 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
     reps, ctx["buffers"] = timing.sample_size(policy, known or r["per_call_ns"], contents, shared)
 
     def setup(pin: bool) -> None:
-        for worker, role in ((ref.timer, ref.base_role), (w, "candidate"), (w, "baseline")):
-            if pin and cpus and role != "baseline":
+        fell_back = ""
+        for worker, roles, role_mode in _setups(ctx, ref, w, mode):
+            if pin and cpus:
                 worker.request({"op": "pin", "cpus": cpus}, policy.call_timeout_s)
             f = worker.dir / f"contents-{p.seed}.pt"
             save_sets(f, contents, torch)
-            role_mode = ctx["modes"].get("candidate" if role == "candidate" else "baseline", mode)
-            rep = worker.request({"op": "time_setup", "sets_file": str(f), "roles": [role], "mode": role_mode,
+            rep = worker.request({"op": "time_setup", "sets_file": str(f), "roles": roles, "mode": role_mode,
                                   "buffers": ctx["buffers"]}, policy.call_timeout_s)
-            why = rep.get("trees_fallback") if isinstance(rep, dict) else None
-            if why and not any(w.code == "trees-unavailable" for w in ctx["warnings"]):
-                ctx["warnings"].append(Reason("trees-unavailable", "the original was timed as a bare CUDA-graph "
-                                              f"replay: Inductor's cudagraph trees could not be set up ({str(why)[:200]})"))
             f.unlink(missing_ok=True)
+            fell_back = fell_back or (rep.get("trees_fallback") if isinstance(rep, dict) else None) or ""
+        if not fell_back:
+            return
+        if ctx["modes"].get("candidate") == "trees":
+            # The candidate was to run through the trees, as the original: never one role through them and the
+            # other as a bare replay (which leaves the trees' host time out). Both as bare replays instead.
+            ctx["modes"] = {}
+            ctx["warnings"][:] = [x for x in ctx["warnings"] if x.code != "trees"]
+            ctx["warnings"].append(Reason("trees-unavailable", "the original and the candidate were timed as bare "
+                                          f"CUDA-graph replays: the cudagraph trees could not be set up ({fell_back[:200]})"))
+            setup(False)
+        elif not any(x.code == "trees-unavailable" for x in ctx["warnings"]):
+            ctx["warnings"].append(Reason("trees-unavailable", "the original was timed as a bare CUDA-graph "
+                                          f"replay: Inductor's cudagraph trees could not be set up ({fell_back[:200]})"))
 
     with clock(f"{key}.timing_setup"):
         cpus = timing.shared_cpus()
@@ -62,6 +72,16 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
     with clock(f"{key}.timing_checks"):
         bad = _timing_checks(p, ctx, w, ref, kept, r["base"][p.seed]["sets"], contents)
     return bad or reasons
+
+
+def _setups(ctx: dict, ref: Reference, w, mode: str) -> list[tuple]:
+    """(worker, roles, mode) per time_setup request: the original in the reference worker, then the candidate
+    and the original beside it in the candidate's worker, both in one request where both run through the
+    trees (an earlier setup's trees are then freed first, once, for both)."""
+    cand, base = ctx["modes"].get("candidate", mode), ctx["modes"].get("baseline", mode)
+    both = cand == base == "trees"
+    beside = [(w, ["candidate", "baseline"], cand)] if both else [(w, ["candidate"], cand), (w, ["baseline"], base)]
+    return [(ref.timer, [ref.base_role], base)] + beside
 
 
 def resized(ctx: dict, ref: Reference, reps: int, contents: list, shared: set, setup) -> int:

@@ -53,6 +53,7 @@ class State:
         self.patch0 = None  # gate.patches.snapshot before candidate code ran
         self.watched = {}  # namespaces added to it: the globals of wrappers loaded before the candidate
         self.trees_fallback = ""  # why a role asked for trees mode was timed in graph mode instead
+        self.trees_roles = set()  # roles whose thunks run through the cudagraph trees set up in this process
 
 
 def op_load(st: State, req: dict) -> dict:
@@ -111,8 +112,12 @@ def op_time_setup(st: State, req: dict) -> dict:
     st.trees_fallback = ""  # this request's roles only (a kept worker times later decisions too)
     n = max(1, int(req.get("buffers") or len(contents)))
     st.shared = parameter_indices(st.data.meta) if st.data else set()
+    # The trees' manager keeps every function it was given until it is reset, and a reset frees them all:
+    # reset when no role outside this request runs through them (the baseline beside the candidate may).
+    reset = req["mode"] == "trees" and not (st.trees_roles - set(req["roles"]))
     for role in req["roles"]:
         st.timed.pop(role, None)  # a second setup (more buffer sets): the old graphs go before new ones are made
+        st.trees_roles.discard(role)
         st.keep[role] = []
         st.pool[role] = [[_to_device(x, st.device) for x in inputs] for inputs in contents]
         bufs = st.bufs[role] = []
@@ -121,7 +126,8 @@ def op_time_setup(st: State, req: dict) -> dict:
                          for i, x in enumerate(contents[b % len(contents)])])
         fn = st.loaders[role]() if role in st.loaders else st.fns[role]
         if req["mode"] == "trees":
-            st.timed[role] = _trees(st, role, fn)
+            st.timed[role] = _trees(st, role, fn, reset)
+            reset = False
         elif req["mode"] == "graph":
             st.timed[role] = [_capture_graph(st, role, fn, b) for b in st.bufs[role]]
         else:
@@ -134,18 +140,27 @@ def op_time_setup(st: State, req: dict) -> dict:
     return {"trees_fallback": st.trees_fallback} if st.trees_fallback else {}
 
 
-def _trees(st: State, role: str, fn) -> list:
+def _trees(st: State, role: str, fn, reset: bool) -> list:
     """Trees mode (gate/worker_trees.py), or graph mode where this torch's trees cannot be set up or their
-    first calls fail (the reason goes back with time_setup's reply, and into the verdict's warnings)."""
+    first calls fail (the reason goes back with time_setup's reply: the parent then times every role in
+    graph mode where the candidate was to run through the trees, and says so in the verdict's warnings).
+    The candidate runs through the trees only where each call reads its own buffer set (Inductor's static
+    marks known): with every input static, every call would read the same inputs."""
     from tilesmith.gate.worker_trees import tree_thunks
 
     try:
         meta = st.data.meta if st.data else {}
-        thunks, alive = tree_thunks(fn, st.bufs[role], st.device, meta.get("mutated_inputs") or [], trees_static(meta))
+        static = trees_static(meta)
+        if role == "candidate" and static is None:
+            raise ValueError("Inductor's static marks are unknown: the candidate is not run with every input static")
+        thunks, alive = tree_thunks(fn, st.bufs[role], st.device, meta.get("mutated_inputs") or [], static, reset=reset)
     except Exception as e:  # noqa: BLE001 - the trees' own failure: time it as before
         st.trees_fallback = f"{type(e).__name__}: {e}"[:300]
         return [_capture_graph(st, role, fn, b) for b in st.bufs[role]]
     st.keep[role].append((alive, st.bufs[role][0]))  # outputs live in the trees' pool: snapshots copy them
+    if reset:
+        st.trees_roles.clear()  # the reset freed every other role's trees (none was outside this request)
+    st.trees_roles.add(role)
     return thunks
 
 

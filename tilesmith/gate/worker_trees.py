@@ -49,7 +49,8 @@ _SWITCHES = {k: getattr(config.triton, k) for k in ("force_cudagraphs_warmup", "
              if hasattr(config.triton, k)}
 
 
-def tree_thunks(fn, bufsets: list, device: str, mutated, static: list | None = None) -> tuple[list, object]:
+def tree_thunks(fn, bufsets: list, device: str, mutated, static: list | None = None, *,
+                reset: bool = True) -> tuple[list, object]:
     """One thunk per rotating buffer set calling `fn` through the cudagraph trees, already warmed up and
     recorded, and the object that must stay alive while they are timed. Raises where the trees cannot be
     set up or their first calls fail (the caller then times a bare replay).
@@ -59,12 +60,13 @@ def tree_thunks(fn, bufsets: list, device: str, mutated, static: list | None = N
     in on every call, as the program's trees do (they copy every input neither marked static nor their own
     earlier output, whatever its address). None: every input static and every thunk reads the first
     buffer set, refilled between samples, so no input is copied (the trees' cheapest path, cheaper than
-    any program's)."""
+    any program's). reset: free every earlier tree of this process first (their functions stay in the
+    trees' manager otherwise)."""
     if mutated:
         # Inputs the graph updates in place: the program's trees would copy them back and forth (or skip
         # CUDA graphs); no cheapest path is known, so the caller times a bare replay instead.
         raise ValueError("the graph updates inputs in place")
-    if _RESET is not None:  # the worker's own trees only: candidates never run under them here
+    if reset and _RESET is not None:  # every tree of this process (the caller knows none is still in use)
         _RESET()
     run = tree_function(fn, bufsets[0], device, static)
     mark = _MARK_STEP
