@@ -189,5 +189,6 @@ def program_setting(run_id: str, graphs: list, estimate) -> ProgramSetting:
 NOTE = ("reduce-overhead's replay, as the gate times it: against a candidate that replays itself, Inductor's code "
         "through its cudagraph trees, the inputs Inductor marked static read in place and the others copied in as "
         "in the program (every input static, nothing copied, where the capture has no marks); against "
-        "any other candidate, Inductor's code replayed from a plain CUDA graph per input buffer set, inputs already "
-        "in place, without the input copies and checks of the trees")
+        "any other candidate, the original and the candidate alike through the trees where the capture has the "
+        "marks, else each replayed from a plain CUDA graph per input buffer set, inputs already in place, without "
+        "the trees' host time, input copies and checks")
