@@ -90,8 +90,9 @@ def test_a_candidate_that_does_not_replay_itself_runs_through_the_trees_as_the_o
     for m in (unknown, fed, None):
         assert _modes(Verdict(False, "timing", "k", ""), "graph", text.encode(), None, m) == {}
     best = tmp_path / "best.py"
-    best.write_text(tuner.graphed_text(text))  # the best so far replays itself: as before, both in graph mode
-    assert _modes(Verdict(False, "timing", "k", ""), "graph", text.encode(), best, meta) == {}
+    best.write_text(tuner.graphed_text(text))  # the best so far replays itself: it runs its replay in the program
+    assert _modes(Verdict(False, "timing", "k", ""), "graph", text.encode(), best, meta) == {"candidate": "trees",
+                                                                                               "baseline": "launch"}
     assert _modes(Verdict(False, "timing", "k", ""), "launch", text.encode(), None, meta) == {}
 
     ref, w = SimpleNamespace(timer="T", base_role="original"), "W"

@@ -31,6 +31,12 @@ def test_static_screen_flags_each_cheat_construct_with_its_code(inference_ws, na
     ("def call(args):\n    return getattr(args, '_' + 'x')", "static-dynamic-code"),
     ("def call(args):\n    return __builtins__", "static-dynamic-code"),
     ("def call(args):\n    return args[0].__class__.__subclasses__()", "static-patching"),
+    # the cudagraph trees the gate times candidates through (and the program runs them through)
+    ("from torch._inductor import cudagraph_trees as ct\nct.CUDAGraphNode.check_invariants = None\n"
+     "def call(args):\n    return args", "static-patching"),
+    ("import torch._inductor.compile_fx\ndef call(args):\n    return args", "static-patching"),
+    ("import torch\ndef call(args):\n    torch._inductor.config.triton.cudagraph_trees = False\n    return args",
+     "static-patching"),
     ("def call(args, _seen=[]):\n    _seen.append(1)\n    return args", "static-module-state"),
     ("import torch\n_out = torch.empty(4)\ndef call(args):\n    return (_out,)", "static-module-state"),
     ("from os import environ\ndef call(args):\n    return environ", "static-environment"),

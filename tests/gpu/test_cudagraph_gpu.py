@@ -434,7 +434,7 @@ def test_gpu_gate_times_a_plain_candidate_of_a_reduce_overhead_graph_through_the
     v = judge(ro_graph, cand, Policy(time_budget_s=8.0))
     codes = {w.code for w in v.warnings}
     assert "trees" in codes and "trees-unavailable" not in codes, [w.message for w in v.warnings]
-    assert v.first.timing is not None and v.first.timing.mode == "graph"
+    assert v.first.timing is not None and v.first.timing.samples > 0
     assert not v.accepted and v.codes == ["not-faster"], v.reasons
 
 

@@ -72,11 +72,12 @@ def _modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None, meta: di
         # where every call reads the same inputs (a cache keyed on them would answer from memory).
         from tilesmith.gate.inputs import trees_static
 
-        base_replays = timing_base is not None and own_replay(timing_base.read_text())
-        if meta is not None and not base_replays and trees_static(meta) is not None:
-            v.warnings.append(Reason("trees", TREES_BOTH))
-            return {"candidate": "trees", "baseline": "trees"}
-        return {}
+        if meta is None or trees_static(meta) is None:
+            return {}
+        v.warnings.append(Reason("trees", TREES_BOTH))
+        if timing_base is not None and own_replay(timing_base.read_text()):
+            return {"candidate": "trees", "baseline": "launch"}  # the best so far runs its own replay in the program
+        return {"candidate": "trees", "baseline": "trees"}
     modes = {"candidate": "launch", "baseline": "trees"}
     if timing_base is not None and own_replay(timing_base.read_text()):
         modes["baseline"] = "launch"  # the best so far replays itself too: like with like

@@ -19,19 +19,24 @@ import sys
 MODULES = ("torch", "torch.nn.functional", "torch._C", "torch._C._nn", "torch._C._VariableFunctions",
            "torch.cuda", "torch._inductor.select_algorithm", "torch._inductor.runtime.triton_heuristics",
            "torch._inductor.cpp_builder", "torch._inductor.codecache", "ctypes", "math",
+           # ... the cudagraph trees candidates are timed through (watched where the worker imported them)
+           "torch._inductor.cudagraph_trees", "torch._inductor.compile_fx", "torch._inductor.cudagraph_utils",
            # ... and what the worker measures with: its own module (run as __main__), its clock, time, os
            "__main__", "tilesmith.clock", "tilesmith.gate.worker_outputs", "tilesmith.gate.worker_tensors",
            "tilesmith.gate.fingerprint", "tilesmith.gate.patches", "time", "os")
 CLASSES = (("torch", "Tensor"), ("torch._C", "TensorBase"), ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner"),
            ("torch._inductor.runtime.triton_heuristics", "GridExpr"), ("torch.cuda", "Stream"), ("torch.cuda", "Event"),
-           ("torch._C", "Generator"))
+           ("torch._C", "Generator"), ("torch._inductor.cudagraph_trees", "CUDAGraphTreeManager"),
+           ("torch._inductor.cudagraph_trees", "CUDAGraphNode"), ("torch._inductor.cudagraph_trees", "CUDAWarmupNode"))
+_LAZY = ("torch._inductor.runtime", "torch._inductor.cudagraph_trees", "torch._inductor.compile_fx",
+         "torch._inductor.cudagraph_utils")  # watched only once imported: importing them costs a CPU worker seconds
 
 
 def _namespaces(extra: dict) -> dict[str, dict]:
     out = {}
     for name in MODULES:
         mod = sys.modules.get(name)
-        if mod is None and not name.startswith("torch._inductor.runtime"):
+        if mod is None and not name.startswith(_LAZY):
             try:
                 mod = importlib.import_module(name)
             except Exception:  # absent on this build (triton not installed): nothing to patch there

@@ -63,6 +63,7 @@ _ATTRS = {
     "cpp_extension": "static-native", "load_inline": "static-native", "cdll": "static-native",
     "CDLL": "static-native", "pythonapi": "static-native", "data": "static-patching",
     "set_": "static-patching", "register_forward_hook": "static-patching", "lru_cache": "static-module-state",
+    "cudagraph_trees": "static-patching", "cudagraphify": "static-patching", "cudagraph_utils": "static-patching",
 }
 _OS_OK = {"path"}  # `os.path.join` and friends are harmless; every other os.* use is flagged
 _OS_PATH_OK = {"join", "dirname", "basename", "splitext", "abspath"}
@@ -159,6 +160,10 @@ def _check_node(node, module_mutables: set[str]) -> list[Finding]:
 # The vetted helpers a candidate may import (module -> the one name): trusted code that needs what
 # candidates may not touch (streams, events, state across calls).
 _HELPERS = {"tilesmith.cudagraph": "graphed", "tilesmith.streams": "side_by_side"}
+# Inductor's CUDA-graph machinery: a wrapper never needs it, and a candidate that changed it could speed its
+# own calls through the trees (or slow the original's) where the gate and the program run both through them.
+_TREES_NAMES = ("cudagraph_trees", "compile_fx", "cudagraph_utils")
+_TREES = tuple(f"torch._inductor.{m}" for m in _TREES_NAMES)
 
 
 def _check_import(node) -> list[Finding]:
@@ -187,6 +192,10 @@ def _check_import(node) -> list[Finding]:
             out.append(Finding(_MODULES[top], f"imports {n}", line))
         elif n.startswith("torch.utils.cpp_extension"):
             out.append(Finding("static-native", f"imports {n}", line))
+        elif n.startswith(_TREES) or (n == "torch._inductor" and isinstance(node, ast.ImportFrom)
+                                      and any(a.name in _TREES_NAMES for a in node.names)):
+            out.append(Finding("static-patching", f"imports {n}: the cudagraph trees the gate times candidates "
+                                                  "through, and the program runs them through", line))
     return out
 
 

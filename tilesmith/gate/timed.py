@@ -26,41 +26,35 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
     known = ctx.get("solo_in_mode_ns") if mode == "graph" else None
     reps, ctx["buffers"] = timing.sample_size(policy, known or r["per_call_ns"], contents, shared)
 
+    def send(worker, roles: list, role_mode: str, pin: bool) -> dict:
+        if pin and cpus:
+            worker.request({"op": "pin", "cpus": cpus}, policy.call_timeout_s)
+        f = worker.dir / f"contents-{p.seed}.pt"
+        save_sets(f, contents, torch)
+        rep = worker.request({"op": "time_setup", "sets_file": str(f), "roles": roles, "mode": role_mode,
+                              "buffers": ctx["buffers"]}, policy.call_timeout_s)
+        f.unlink(missing_ok=True)
+        return rep if isinstance(rep, dict) else {}
+
     def setup(pin: bool) -> None:
-        fell_back = ""
-        for worker, roles, role_mode in _setups(ctx, ref, w, mode):
-            if pin and cpus:
-                worker.request({"op": "pin", "cpus": cpus}, policy.call_timeout_s)
-            f = worker.dir / f"contents-{p.seed}.pt"
-            save_sets(f, contents, torch)
-            rep = worker.request({"op": "time_setup", "sets_file": str(f), "roles": roles, "mode": role_mode,
-                                  "buffers": ctx["buffers"]}, policy.call_timeout_s)
-            f.unlink(missing_ok=True)
-            fell_back = fell_back or (rep.get("trees_fallback") if isinstance(rep, dict) else None) or ""
-        if not fell_back:
-            return
-        if ctx["modes"].get("candidate") == "trees":
-            # The candidate was to run through the trees, as the original: never one role through them and the
-            # other as a bare replay (which leaves the trees' host time out). Both as bare replays instead.
-            ctx["modes"] = {}
-            ctx["warnings"][:] = [x for x in ctx["warnings"] if x.code != "trees"]
-            ctx["warnings"].append(Reason("trees-unavailable", "the original and the candidate were timed as bare "
-                                          f"CUDA-graph replays: the cudagraph trees could not be set up ({fell_back[:200]})"))
-            setup(False)
-        elif not any(x.code == "trees-unavailable" for x in ctx["warnings"]):
-            ctx["warnings"].append(Reason("trees-unavailable", "the original was timed as a bare CUDA-graph "
-                                          f"replay: Inductor's cudagraph trees could not be set up ({fell_back[:200]})"))
+        set_up(ctx, ref, w, mode, lambda worker, roles, m: send(worker, roles, m, pin))
 
     with clock(f"{key}.timing_setup"):
         cpus = timing.shared_cpus()
-        setup(True)
+        try:
+            setup(True)
+        except CandidateTreesFailed as e:
+            return [_trees_failed(e)]
     with clock(f"{key}.quiesce"):  # no other worker may be busy while samples are taken
         for other in others:
             other.idle()
         calm_spares()
     if mode == "graph" and not known:
         with clock(f"{key}.resize"):
-            reps = resized(ctx, ref, reps, contents, shared, setup)
+            try:
+                reps = resized(ctx, ref, reps, contents, shared, setup)
+            except CandidateTreesFailed as e:
+                return [_trees_failed(e)]
     with clock(f"{key}.timing"):
         p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
                                                  len(contents), ctx["buffers"])
@@ -72,6 +66,44 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
     with clock(f"{key}.timing_checks"):
         bad = _timing_checks(p, ctx, w, ref, kept, r["base"][p.seed]["sets"], contents)
     return bad or reasons
+
+
+class CandidateTreesFailed(Exception):
+    """The candidate's calls failed through the cudagraph trees where the original's did not."""
+
+
+def _trees_failed(e: Exception) -> Reason:
+    return Reason("trees-failed", "the candidate failed through Inductor's cudagraph trees, which run it in the "
+                                  f"program (the original's did not): {str(e)[:300]}")
+
+
+def set_up(ctx: dict, ref: Reference, w, mode: str, send) -> None:
+    """time_setup for every role (`send(worker, roles, mode)` -> the worker's reply), in the modes ctx["modes"]
+    names. Where a role asked for the trees was set up in graph mode instead (the reply's trees_fallback,
+    per role): a candidate meant to run through the trees as the original does is never timed against the
+    original in another mode. Its own failure there rejects it (CandidateTreesFailed: the program runs it
+    through the trees); the original's sets every role up again as bare replays. Where only the original
+    was to run through the trees (against a candidate that replays itself), a bare replay of it is kept,
+    cheaper than the program's trees, with a warning."""
+    failed: dict = {}
+    for worker, roles, role_mode in _setups(ctx, ref, w, mode):
+        why = send(worker, roles, role_mode).get("trees_fallback") or {}
+        for role, reason in (why.items() if isinstance(why, dict) else [("?", str(why))]):
+            failed.setdefault("candidate" if worker is w and role == "candidate" else "original", str(reason))
+    if not failed:
+        return
+    if ctx["modes"].get("candidate") == "trees":
+        if "original" not in failed:
+            raise CandidateTreesFailed(failed["candidate"])
+        ctx["modes"] = {}  # every role as a bare replay, from here on (the confirmation pass too)
+        ctx.pop("solo_in_mode_ns", None)  # sized through the trees: the next pass sizes anew
+        ctx["warnings"][:] = [x for x in ctx["warnings"] if x.code != "trees"]
+        ctx["warnings"].append(Reason("trees-unavailable", "the original and the candidate were timed as bare "
+                                      f"CUDA-graph replays: the cudagraph trees could not be set up ({failed['original'][:200]})"))
+        set_up(ctx, ref, w, mode, send)
+    elif not any(x.code == "trees-unavailable" for x in ctx["warnings"]):
+        ctx["warnings"].append(Reason("trees-unavailable", "the original was timed as a bare CUDA-graph replay: "
+                                      f"Inductor's cudagraph trees could not be set up ({next(iter(failed.values()))[:200]})"))
 
 
 def _setups(ctx: dict, ref: Reference, w, mode: str) -> list[tuple]:

@@ -52,8 +52,9 @@ class State:
         self.shared = set()  # input positions timed in one buffer for every buffer set (parameters)
         self.patch0 = None  # gate.patches.snapshot before candidate code ran
         self.watched = {}  # namespaces added to it: the globals of wrappers loaded before the candidate
-        self.trees_fallback = ""  # why a role asked for trees mode was timed in graph mode instead
+        self.trees_fallback = {}  # role -> why it was asked for trees mode and timed in graph mode instead
         self.trees_roles = set()  # roles whose thunks run through the cudagraph trees set up in this process
+        self.trees_live = False  # whether the trees' manager may hold functions set up since its last reset
 
 
 def op_load(st: State, req: dict) -> dict:
@@ -109,15 +110,21 @@ def op_time_setup(st: State, req: dict) -> dict:
     buffer sets, as a program's weights stay at one address (their content is the same in every timing
     set: gate.original.timing_contents); the other inputs rotate."""
     contents = torch.load(req["sets_file"], weights_only=True)["inputs"]
-    st.trees_fallback = ""  # this request's roles only (a kept worker times later decisions too)
+    st.trees_fallback = {}  # this request's roles only (a kept worker times later decisions too)
     n = max(1, int(req.get("buffers") or len(contents)))
     st.shared = parameter_indices(st.data.meta) if st.data else set()
-    # The trees' manager keeps every function it was given until it is reset, and a reset frees them all:
-    # reset when no role outside this request runs through them (the baseline beside the candidate may).
-    reset = req["mode"] == "trees" and not (st.trees_roles - set(req["roles"]))
     for role in req["roles"]:
         st.timed.pop(role, None)  # a second setup (more buffer sets): the old graphs go before new ones are made
         st.trees_roles.discard(role)
+    # The trees' manager keeps every function it was given until it is reset, and a reset frees them all:
+    # reset when no role outside this request runs through them (the baseline beside the candidate may),
+    # whatever this request sets up (after a fallback to graph mode, their memory comes back).
+    if st.trees_live and not st.trees_roles:
+        from tilesmith.gate.worker_trees import reset_trees
+
+        reset_trees()
+        st.trees_live = False
+    for role in req["roles"]:
         st.keep[role] = []
         st.pool[role] = [[_to_device(x, st.device) for x in inputs] for inputs in contents]
         bufs = st.bufs[role] = []
@@ -126,8 +133,7 @@ def op_time_setup(st: State, req: dict) -> dict:
                          for i, x in enumerate(contents[b % len(contents)])])
         fn = st.loaders[role]() if role in st.loaders else st.fns[role]
         if req["mode"] == "trees":
-            st.timed[role] = _trees(st, role, fn, reset)
-            reset = False
+            st.timed[role] = _trees(st, role, fn)
         elif req["mode"] == "graph":
             st.timed[role] = [_capture_graph(st, role, fn, b) for b in st.bufs[role]]
         else:
@@ -137,13 +143,13 @@ def op_time_setup(st: State, req: dict) -> dict:
                 for thunk in st.timed[role]:
                     thunk()
     _device_sync()
-    return {"trees_fallback": st.trees_fallback} if st.trees_fallback else {}
+    return {"trees_fallback": dict(st.trees_fallback)} if st.trees_fallback else {}
 
 
-def _trees(st: State, role: str, fn, reset: bool) -> list:
+def _trees(st: State, role: str, fn) -> list:
     """Trees mode (gate/worker_trees.py), or graph mode where this torch's trees cannot be set up or their
-    first calls fail (the reason goes back with time_setup's reply: the parent then times every role in
-    graph mode where the candidate was to run through the trees, and says so in the verdict's warnings).
+    first calls fail: the reason goes back per role with time_setup's reply (the parent rejects a candidate
+    whose own calls fail through the trees, and times every role as a bare replay where the original's do).
     The candidate runs through the trees only where each call reads its own buffer set (Inductor's static
     marks known): with every input static, every call would read the same inputs."""
     from tilesmith.gate.worker_trees import tree_thunks
@@ -153,13 +159,12 @@ def _trees(st: State, role: str, fn, reset: bool) -> list:
         static = trees_static(meta)
         if role == "candidate" and static is None:
             raise ValueError("Inductor's static marks are unknown: the candidate is not run with every input static")
-        thunks, alive = tree_thunks(fn, st.bufs[role], st.device, meta.get("mutated_inputs") or [], static, reset=reset)
+        st.trees_live = True  # from here on the trees' manager may hold this role's function
+        thunks, alive = tree_thunks(fn, st.bufs[role], st.device, meta.get("mutated_inputs") or [], static, reset=False)
     except Exception as e:  # noqa: BLE001 - the trees' own failure: time it as before
-        st.trees_fallback = f"{type(e).__name__}: {e}"[:300]
+        st.trees_fallback[role] = f"{type(e).__name__}: {e}"[:300]
         return [_capture_graph(st, role, fn, b) for b in st.bufs[role]]
     st.keep[role].append((alive, st.bufs[role][0]))  # outputs live in the trees' pool: snapshots copy them
-    if reset:
-        st.trees_roles.clear()  # the reset freed every other role's trees (none was outside this request)
     st.trees_roles.add(role)
     return thunks
 

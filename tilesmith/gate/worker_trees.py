@@ -85,6 +85,12 @@ def tree_thunks(fn, bufsets: list, device: str, mutated, static: list | None = N
     return calls, run
 
 
+def reset_trees() -> None:
+    """Free every tree this process set up (a torch without the reset keeps them until the worker ends)."""
+    if _RESET is not None:
+        _RESET()
+
+
 def tree_function(fn, bufs: list, device: str, static: list | None = None):
     """Inductor's own wrapping of a compiled call under reduce-overhead (compile_fx.cudagraphify), the
     inputs at `static` static (None: every tensor input), the trees' switches as they were when the worker
