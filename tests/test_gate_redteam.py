@@ -109,7 +109,9 @@ def test_a_cache_keyed_on_input_values_gains_nothing_because_every_timed_call_se
     # new inputs and the in-timing check caught it: rejected both ways.
     assert not v.accepted and v.codes in (["not-faster"], ["wrong-values-in-timing"]), v.reasons
     t = v.first.timing
-    assert t.checked_calls >= 2, t  # its timed calls were checked: computed every call, and right
+    # Its timed calls were checked: computed every call and right, or checked until one came back wrong (its key,
+    # a sum of sums, sometimes matches for different inputs: about one pass in eight).
+    assert t.checked_calls >= (1 if v.codes == ["wrong-values-in-timing"] else 2), (v.codes, t)
 
 
 @pytest.fixture(scope="module")

@@ -326,3 +326,15 @@ def test_no_decision_before_the_idle_watch_has_seen_enough_of_other_workers_samp
     t, reasons, _ = timing.measure(_SleepyTimer(hog), hog, policy, "launch", 1, 200.0)
     assert [r.code for r in reasons] == ["background-work"], reasons
     assert t.idle_wall_ms >= timing.IDLE_WALL_MIN_NS / 1e6 and t.samples > policy.min_rounds
+
+
+def test_a_kept_timed_sample_must_name_a_drawn_call_and_the_last_with_their_outputs():
+    """The kept samples come back from files in the candidate's own folder: one emptied or bent there is a
+    protocol failure, never a sample skipped unchecked."""
+    from tilesmith.gate.timed import _kept_ok
+
+    good = {"start": 12, "calls": [3, 5], "outputs": [[1], [2]]}
+    assert _kept_ok(good, 12, 6)
+    for bad in ({**good, "calls": []}, {**good, "calls": [3]}, {**good, "calls": [3, 4]}, {**good, "calls": [-1, 5]},
+                {**good, "calls": [6, 5]}, {**good, "outputs": [[1]]}, {**good, "start": 0}, {"start": 12}, None, "x"):
+        assert not _kept_ok(bad, 12, 6), bad

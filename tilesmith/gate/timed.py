@@ -157,7 +157,10 @@ def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets:
     got = load_raw(o, torch)
     if _random_graph(ctx["gdir"]):  # outputs depend on the RNG state, which timed calls advance
         return []
-    if not isinstance(got, list) or len(got) != len(kept) or any(g.get("start") != s.start for g, s in zip(got, kept)):
+    reps = p.timing.calls_per_sample
+    if not isinstance(got, list) or len(got) != len(kept) or not all(_kept_ok(g, s.start, reps) for g, s in zip(got, kept)):
+        # Each kept sample names two calls (one drawn, and the last) with an output list each: the files the
+        # worker wrote them to are in the candidate's folder, and a sample emptied there must not pass unchecked.
         return [Reason("protocol", "the candidate worker's kept timed samples do not match the ones chosen")]
     # A graph that updates its inputs in place (running statistics) changes its buffers call by call:
     # only each buffer's first call after a refill read the inputs the original is run on here.
@@ -171,11 +174,22 @@ def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets:
     ref.worker.request({"op": "original_checks", "samples": samples, "out_file": str(o), "bufs_role": "baseline"},
                        policy.call_timeout_s)
     want = load_raw(o, torch)
+    p.timing.checked_calls = 0  # counted as compared: a rejected pass says how many calls were checked
     for g, s, cs, ws in zip(got, kept, calls, want):
         for c, orig in zip(cs, ws):
             outs = g["outputs"][g["calls"].index(c)]
+            p.timing.checked_calls += 1
             if len(outs) != len(orig) or any(not compare_values(a, b).ok for a, b in zip(outs, orig)):
                 return [Reason("wrong-values-in-timing", f"call {s.start + c} of the timed stream returned outputs "
                                                          "that differ from the original's on the same inputs")]
-    p.timing.checked_calls = sum(len(cs) for cs in calls)
     return []
+
+
+def _kept_ok(g, start: int, reps: int) -> bool:
+    """A kept sample as the worker records it: its start, [a drawn call, the last call], an output list each."""
+    try:
+        calls, outs = g["calls"], g["outputs"]
+        return (g.get("start") == start and isinstance(calls, list) and len(calls) == 2 and calls[1] == reps - 1
+                and isinstance(calls[0], int) and 0 <= calls[0] < reps and isinstance(outs, list) and len(outs) == 2)
+    except (TypeError, KeyError, AttributeError):
+        return False
