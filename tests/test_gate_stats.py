@@ -331,10 +331,35 @@ def test_no_decision_before_the_idle_watch_has_seen_enough_of_other_workers_samp
 def test_a_kept_timed_sample_must_name_a_drawn_call_and_the_last_with_their_outputs():
     """The kept samples come back from files in the candidate's own folder: one emptied or bent there is a
     protocol failure, never a sample skipped unchecked."""
-    from tilesmith.gate.timed import _kept_ok
+    import torch
 
-    good = {"start": 12, "calls": [3, 5], "outputs": [[1], [2]]}
-    assert _kept_ok(good, 12, 6)
+    from tilesmith.gate.timed import _kept_ok
+    from tilesmith.gate.timing import CheckedSample
+    from tilesmith.gate.worker_tensors import outputs_digest
+
+    outs = [[torch.arange(6.0).reshape(2, 3)], [torch.ones(2, 3)]]
+    s = CheckedSample(12, [0], 7, outputs_digest(outs))
+    good = {"start": 12, "calls": [3, 5], "outputs": outs}
+    assert _kept_ok(good, s, 6)
     for bad in ({**good, "calls": []}, {**good, "calls": [3]}, {**good, "calls": [3, 4]}, {**good, "calls": [-1, 5]},
-                {**good, "calls": [6, 5]}, {**good, "outputs": [[1]]}, {**good, "start": 0}, {"start": 12}, None, "x"):
-        assert not _kept_ok(bad, 12, 6), bad
+                {**good, "calls": [6, 5]}, {**good, "outputs": outs[:1]}, {**good, "start": 0}, {"start": 12}, None, "x"):
+        assert not _kept_ok(bad, s, 6), bad
+    # Outputs changed after the worker bound them (the files are in the candidate's folder): not the sample's.
+    assert not _kept_ok({**good, "outputs": [[torch.arange(6.0).reshape(2, 3)], [torch.zeros(2, 3)]]}, s, 6)
+    assert not _kept_ok(good, CheckedSample(12, [0], 7, None), 6)  # no digest from the worker: not accepted
+
+
+def test_the_kept_outputs_digest_sees_every_value_and_is_the_same_for_a_copy():
+    import torch
+
+    from tilesmith.gate.worker_tensors import _to_cpu, outputs_digest
+
+    base = torch.randn(4, 6).to(torch.bfloat16)
+    cases = [[base, base.t(), base[1:, ::2], torch.tensor(3), torch.empty(0, 2), None, 7]]
+    d = outputs_digest(cases)
+    assert outputs_digest([[_to_cpu(x) for x in cases[0]]]) == d  # the layout-keeping CPU copy the worker saves
+    changed = base.clone()
+    changed[3, 5] += 1
+    assert outputs_digest([[changed, *cases[0][1:]]]) != d
+    assert outputs_digest([[base.reshape(6, 4), *cases[0][1:]]]) != d  # same bytes, another shape
+    assert outputs_digest([[base.float(), *cases[0][1:]]]) != d

@@ -158,7 +158,7 @@ def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets:
     if _random_graph(ctx["gdir"]):  # outputs depend on the RNG state, which timed calls advance
         return []
     reps = p.timing.calls_per_sample
-    if not isinstance(got, list) or len(got) != len(kept) or not all(_kept_ok(g, s.start, reps) for g, s in zip(got, kept)):
+    if not isinstance(got, list) or len(got) != len(kept) or not all(_kept_ok(g, s, reps) for g, s in zip(got, kept)):
         # Each kept sample names two calls (one drawn, and the last) with an output list each: the files the
         # worker wrote them to are in the candidate's folder, and a sample emptied there must not pass unchecked.
         return [Reason("protocol", "the candidate worker's kept timed samples do not match the ones chosen")]
@@ -185,11 +185,15 @@ def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets:
     return []
 
 
-def _kept_ok(g, start: int, reps: int) -> bool:
-    """A kept sample as the worker records it: its start, [a drawn call, the last call], an output list each."""
+def _kept_ok(g, s, reps: int) -> bool:
+    """A kept sample as the worker records it: its start, [a drawn call, the last call], an output list each,
+    and those outputs the ones the worker's digest bound when the sample ended (CheckedSample `s`)."""
+    from tilesmith.gate.worker_tensors import outputs_digest
+
     try:
         calls, outs = g["calls"], g["outputs"]
-        return (g.get("start") == start and isinstance(calls, list) and len(calls) == 2 and calls[1] == reps - 1
-                and isinstance(calls[0], int) and 0 <= calls[0] < reps and isinstance(outs, list) and len(outs) == 2)
-    except (TypeError, KeyError, AttributeError):
+        shape = (g.get("start") == s.start and isinstance(calls, list) and len(calls) == 2 and calls[1] == reps - 1
+                 and isinstance(calls[0], int) and 0 <= calls[0] < reps and isinstance(outs, list) and len(outs) == 2)
+        return shape and s.digest is not None and outputs_digest(outs) == s.digest
+    except (TypeError, KeyError, AttributeError, RuntimeError, ValueError):
         return False

@@ -92,16 +92,17 @@ class CheckedSample:
     start: int  # rotation index of its first call: call i read buffer (start + i) % buffers
     fill: list[int]  # the pool content each buffer was refilled from before the sample
     perturb: int  # the seed that then gave every buffer values of its own (worker._set_content)
+    digest: int | None = None  # the worker's CRC of the sample's kept outputs, sent with the sample
 
 
-def _sample(worker, msg: dict, timeout_s: float) -> tuple[int | None, Reason | None]:
+def _sample(worker, msg: dict, timeout_s: float) -> tuple[int | None, Reason | None, dict]:
     """One timed sample; its raw total must be a positive int inside the wall time the parent measured."""
     w0 = time.perf_counter_ns()
     reply = worker.request(msg, timeout_s=timeout_s)
     wall = time.perf_counter_ns() - w0
     ns = reply.get("ns")
     bad = check_sample(ns, wall)
-    return (None, bad) if bad else (ns, None)
+    return (None, bad, reply) if bad else (ns, None, reply)
 
 
 def check_sample(ns, wall_ns: int) -> Reason | None:
@@ -224,7 +225,7 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
             msg["keep"] = pending.pop("keep", False)  # the word on its last candidate sample, drawn already
         watch = w is not cand and hasattr(cand, "cpu_ns")
         c0, w0 = (cand.cpu_ns(), time.perf_counter_ns()) if watch else (0, 0)
-        ns, bad = _sample(w, msg, timeout_s)
+        ns, bad, reply = _sample(w, msg, timeout_s)
         if watch:
             idle["wall"] += time.perf_counter_ns() - w0
             idle["cpu"] += cand.cpu_ns() - c0
@@ -235,7 +236,8 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
             keep = last or (len(kept) < MAX_CHECKED_SAMPLES and rng.random() < KEEP_PROBABILITY)
             pending["keep"] = keep
             if keep:
-                kept.append(CheckedSample(k, fill, perturb))
+                digest = reply.get("digest") if isinstance(reply, dict) else None
+                kept.append(CheckedSample(k, fill, perturb, digest if isinstance(digest, int) else None))
     return None
 
 
@@ -298,7 +300,7 @@ def solo_ns(worker, role: str, timeout_s: float, samples: int = 7) -> float:
     """Median of `samples` single calls of `role`, alone: sizes timed samples."""
     ns = []
     for i in range(samples):
-        t, bad = _sample(worker, {"op": "time", "role": role, "reps": 1, "start": i}, timeout_s)
+        t, bad, _ = _sample(worker, {"op": "time", "role": role, "reps": 1, "start": i}, timeout_s)
         if bad:
             raise RuntimeError(bad.message)
         ns.append(t)

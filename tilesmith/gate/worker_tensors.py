@@ -3,6 +3,8 @@ of a buffer's storage span, and a call's outputs as a list. Shared by its correc
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 from tilesmith.capture.tensors import span_numel
@@ -31,3 +33,20 @@ def _refill(dst, src):
 
 def _as_list(out):
     return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def outputs_digest(samples: list) -> int:
+    """A CRC of a kept sample's outputs (lists of a call's outputs): shapes, dtypes and every value's bytes,
+    the same for a tensor on the device and its CPU copy. The worker sends it with the sample; the parent
+    compares it with the outputs that reach it later, so none is changed in between."""
+    crc = 0
+    for outs in samples:
+        for o in outs if isinstance(outs, (list, tuple)) else [outs]:
+            if isinstance(o, torch.Tensor):
+                crc = zlib.crc32(f"{tuple(o.shape)}|{o.dtype}".encode(), crc)
+                flat = o.detach().contiguous().reshape(-1)
+                if flat.numel():
+                    crc = zlib.crc32(flat.view(torch.uint8).cpu().numpy().tobytes(), crc)
+            else:
+                crc = zlib.crc32(repr(o).encode(), crc)
+    return crc
