@@ -17,8 +17,9 @@ META = {"inputs": [{"parameter": True}, {}], "inductor_static_inputs": [0], "inp
 
 
 def _ctx(modes: dict) -> dict:
-    return {"modes": dict(modes), "warnings": [Reason("trees", "both through the trees")] if "trees" in
-            modes.values() and modes.get("candidate") == "trees" else [], "solo_in_mode_ns": 123}
+    both = modes.get("candidate") == "trees"
+    return {"modes": dict(modes), "warnings": [Reason("trees", "both through the trees")] if both else [],
+            "solo_in_mode_ns": 123}
 
 
 def _send(replies: dict):

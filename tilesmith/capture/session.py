@@ -52,7 +52,6 @@ class CaptureSession:
         # (a graph after a graph break, fed by the one before) has inputs the program's cudagraph trees read in
         # place as their own earlier outputs, never copied (graph.json "inputs_from_graphs"; gate.inputs.trees_static).
         self._out_storages: dict[str, set] = {}
-        self._out_calls: dict[str, int] = {}
         self._outputs_known = True  # False once a graph ran past OUTPUT_CALLS: later first calls cannot tell
 
     def swap(self, key: str, fn) -> None:

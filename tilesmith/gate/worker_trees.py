@@ -66,8 +66,8 @@ def tree_thunks(fn, bufsets: list, device: str, mutated, static: list | None = N
         # Inputs the graph updates in place: the program's trees would copy them back and forth (or skip
         # CUDA graphs); no cheapest path is known, so the caller times a bare replay instead.
         raise ValueError("the graph updates inputs in place")
-    if reset and _RESET is not None:  # every tree of this process (the caller knows none is still in use)
-        _RESET()
+    if reset:  # every tree of this process (the caller knows none is still in use)
+        reset_trees()
     run = tree_function(fn, bufsets[0], device, static)
     mark = _MARK_STEP
 

@@ -112,6 +112,7 @@ def _relowered_then_replayed(inner: Generator[Candidate, dict, None], track: Tra
 
 
 def _inductor_replays(track: Track) -> bool:
+    """Whether Inductor compiled the track's graph with CUDA graphs (reduce-overhead, max-autotune)."""
     from tilesmith.workspace import load_graph_json
 
     return load_graph_json(track.graph_dir).get("compile_mode") == "cudagraphs"
@@ -196,10 +197,7 @@ GRAPHED_OVER_INDUCTOR_LABEL = ("whole call replayed by tilesmith.cudagraph inste
 
 
 def _graphed_label(track) -> str:
-    from tilesmith.workspace import load_graph_json
-
-    cg = load_graph_json(track.graph_dir).get("compile_mode") == "cudagraphs"
-    return GRAPHED_OVER_INDUCTOR_LABEL if cg else GRAPHED_LABEL
+    return GRAPHED_OVER_INDUCTOR_LABEL if _inductor_replays(track) else GRAPHED_LABEL
 
 
 def graphed_text(text: str) -> str:
@@ -212,9 +210,7 @@ def _screen_graphed(track, cfg: TunerConfig) -> bool:
     (reduce-overhead): the screen times plain launches, the gate Inductor's own replay, so the screen says
     nothing the gate needs. Not where the baseline profile puts launch overhead at graph_unscreened_share of
     the call or more. Screened otherwise (no profile, or overhead between the two shares)."""
-    from tilesmith.workspace import load_graph_json
-
-    if load_graph_json(track.graph_dir).get("compile_mode") == "cudagraphs":
+    if _inductor_replays(track):
         return False
     p = track.profile
     return p is None or p.launch_overhead_share < cfg.graph_unscreened_share
