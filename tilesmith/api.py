@@ -105,7 +105,7 @@ class Optimized:
             from tilesmith.runtime import hook
 
             prepare_workspace(self._ws, force=False, append=False)
-            self._session = CaptureSession(self._ws, 2 * 1024**3)
+            self._session = CaptureSession(self._ws, 2 * 1024**3, watch_gaps=False)
             hook.add_handler(self._session)
         except Exception as e:
             self._session = None

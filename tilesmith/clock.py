@@ -65,6 +65,14 @@ def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
     return _perf_ns() - t0
 
 
+def spin(ns: int) -> None:
+    """Busy-waits `ns` nanoseconds on the host, holding the GIL as the Python it stands for would (the gate's
+    stand-in for the program's own host time between a graph's calls: capture/gaps.py)."""
+    end = _perf_ns() + ns
+    while _perf_ns() < end:
+        pass
+
+
 def calls_per_sample(thunk: Callable[[], object], sync: Callable[[], None], sample_ms: float = 1.0,
                      most: int = 1000) -> int:
     """How many calls of `thunk` make one sample last about `sample_ms`, from one timed call (1..`most`):

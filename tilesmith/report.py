@@ -97,6 +97,10 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
         baseline_ms, source, bmode = float(t["baseline_ms"]), "profile", "launch"
     elif gate:  # no profile (e.g. a submit run)
         baseline_ms, source, bmode = float(gate["baseline_ms"]), "gate", str(gate.get("mode") or "launch")
+    gap_us = max((_f(_timing(v).get("gap_us")) or 0.0 for _, v, _ in verdicts), default=0.0)
+    if gap_us:
+        notes.append(f"timed as the program runs it: {gap_us:.1f} us of the program's own host time (measured "
+                     "at capture) before each timed call, original and candidate alike")
     if mode == rs.CUDAGRAPHS and bmode == "launch":
         notes.append("compiled with CUDA graphs, but no verdict timed Inductor's replay of the original: "
                      "the baseline (and best) here are plain launches")

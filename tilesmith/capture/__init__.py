@@ -63,6 +63,7 @@ def capture(script: str | Path, argv: list[str] | None = None, workspace: str | 
         script_error = e.tail
     finally:
         hook.remove_handler(session)
+        session.finish()
         ws.graphs = _merge(previous, list(session.graphs.values()))
         ws.status = "interrupted" if interrupted else ("script-failed" if script_error else "complete")
         ws.error = script_error

@@ -11,6 +11,7 @@ import torch
 
 from tilesmith import environment, paths, runtime, source
 from tilesmith.capture import tensors
+from tilesmith.capture.gaps import GapWatch
 from tilesmith.runtime import hook
 from tilesmith.workspace import DATA_FILE, GRAPH_FILE, WRAPPER_FILE, GraphInfo, graph_dir, write_json
 
@@ -36,7 +37,7 @@ class CaptureSession:
 
     records_inductor_code = True  # the runtime stands aside while a capture records Inductor's own code
 
-    def __init__(self, ws_path: Path, max_input_bytes: int, on_graph=None):
+    def __init__(self, ws_path: Path, max_input_bytes: int, on_graph=None, watch_gaps: bool = True):
         self.ws_path = paths.absolute(ws_path)
         self.max_input_bytes = max_input_bytes
         self.on_graph = on_graph or (lambda info: None)
@@ -53,6 +54,10 @@ class CaptureSession:
         # place as their own earlier outputs, never copied (graph.json "inputs_from_graphs"; gate.inputs.trees_static).
         self._out_storages: dict[str, set] = {}
         self._outputs_known = True  # False once a graph ran past OUTPUT_CALLS: later first calls cannot tell
+        # The program's host time between each graph's calls (graph.json "program_gap"); not for tilesmith.compile,
+        # whose session sees two calls and whose wrappers would stay in the program for good.
+        self.gaps = GapWatch() if watch_gaps else None
+        self._metas: dict[str, tuple[Path, dict]] = {}
 
     def swap(self, key: str, fn) -> None:
         """From the next call on, graph `key` runs `fn` (a loaded wrapper's call) instead."""
@@ -92,6 +97,7 @@ class CaptureSession:
         meta["environment"] = env
         _store_repro(g, gdir, meta, consts)
         write_json(gdir / GRAPH_FILE, meta)
+        self._metas[key] = (gdir, meta)
         self._wrap_first_call(g, info, gdir, meta)
 
         def after():  # cudagraphs is decided inside Inductor's post_compile
@@ -99,6 +105,8 @@ class CaptureSession:
             info.compile_mode = "cudagraphs" if cg is not None and bool(cg) else "plain"
             meta["compile_mode"] = info.compile_mode
             write_json(gdir / GRAPH_FILE, meta)
+            if self.gaps is not None and getattr(g, "current_callable", None) is not None:  # the outermost callable: the trees' replay too
+                g.current_callable = self.gaps.wrap(key, info.device, g.current_callable)
             self.on_graph(info)
 
         return after
@@ -159,6 +167,20 @@ class CaptureSession:
             "data_stored": False,
             "data_note": "the graph was not called during the script",
         }
+
+    def finish(self) -> None:
+        """After the script: each graph's program_gap into its graph.json (capture/gaps.py)."""
+        if self.gaps is None:
+            return
+        self.gaps.close()
+        for key, (gdir, meta) in self._metas.items():
+            gap = self.gaps.result(key)
+            if gap is not None:
+                meta["program_gap"] = gap
+                try:
+                    write_json(gdir / GRAPH_FILE, meta)
+                except OSError:
+                    pass
 
     # -- first real call ----------------------------------------------------------------------
     def _wrap_first_call(self, g, info: GraphInfo, gdir: Path, meta: dict) -> None:

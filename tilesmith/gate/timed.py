@@ -22,6 +22,7 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
     policy, clock, mode = ctx["policy"], ctx["clock"], ctx["mode"]
     ctx["note"]("timing", f"timing ({mode}), paired and interleaved, the original in its own worker and beside the candidate")
     shared = parameter_indices(ctx["meta"])
+    gap_ns = program_gap_ns(ctx["meta"], ctx["device"], policy)
     # In graph timing the confirmation pass sizes from the first pass's probe (resized) directly.
     known = ctx.get("solo_in_mode_ns") if mode == "graph" else None
     reps, ctx["buffers"] = timing.sample_size(policy, known or r["per_call_ns"], contents, shared)
@@ -32,7 +33,7 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
         f = worker.dir / f"contents-{p.seed}.pt"
         save_sets(f, contents, torch)
         rep = worker.request({"op": "time_setup", "sets_file": str(f), "roles": roles, "mode": role_mode,
-                              "buffers": ctx["buffers"]}, policy.call_timeout_s)
+                              "buffers": ctx["buffers"], "gap_ns": gap_ns}, policy.call_timeout_s)
         f.unlink(missing_ok=True)
         return rep if isinstance(rep, dict) else {}
 
@@ -59,6 +60,7 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
         p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
                                                  len(contents), ctx["buffers"])
     if p.timing:
+        p.timing.gap_us = gap_ns / 1e3
         clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)
                                          + sum(p.timing.beside_ns)) / 1e9)
     if p.timing is None:
@@ -66,6 +68,21 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
     with clock(f"{key}.timing_checks"):
         bad = _timing_checks(p, ctx, w, ref, kept, r["base"][p.seed]["sets"], contents)
     return bad or reasons
+
+
+def program_gap_ns(meta: dict, device: str, policy) -> int:
+    """The host time the program spends between this graph's calls, where capture measured it and found it the
+    graph's own (capture/gaps.py): spent before each timed call of every role, so the samples run as the
+    program's steps do. A candidate that only saves host time wins only where the program's step is host-bound
+    with it; a GPU-side win is diluted where that host time hides it. 0 where unknown or unusable."""
+    gap = meta.get("program_gap") if isinstance(meta.get("program_gap"), dict) else {}
+    if not policy.program_gap or not str(device).startswith("cuda") or gap.get("usable") is not True:
+        return 0
+    try:
+        us = float(gap.get("host_us") or 0.0)
+    except (TypeError, ValueError):
+        return 0
+    return int(min(max(us, 0.0), 50_000.0) * 1e3)
 
 
 class CandidateTreesFailed(Exception):

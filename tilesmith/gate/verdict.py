@@ -50,6 +50,9 @@ class Policy:
     # Load and correctness only (the agent's `check`): the verdict stops after the first pass's
     # correctness, is never accepted, and says so in `checked_only`.
     correctness_only: bool = False
+    # Spend the program's own host time between a graph's calls (graph.json program_gap, measured at capture)
+    # before each timed call, for every role alike, where capture found it usable (capture/gaps.py).
+    program_gap: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -105,6 +108,7 @@ class Timing:
     idle_cpu_ms: float = 0.0
     idle_wall_ms: float = 0.0
     buffer_sets: int = 0  # rotating input buffer sets, never fewer than calls_per_sample (timing.sample_size)
+    gap_us: float = 0.0  # host time spent before each timed call, both roles: the program's (graph.json program_gap)
 
 
 @dataclass
