@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from tests.conftest import run_capture_subprocess
@@ -70,30 +71,67 @@ def test_two_graphs_of_one_step_are_not_given_each_others_gaps(tmp_path, inducto
 
 
 def _stats(**kw) -> dict:
+    clean = {"kernels": 0, "device_us": 0.0, "syncs": 0, "next_graph_same": True}
     st = {"device": "cuda:0", "calls": 40, "gaps": [30_000 + i for i in range(20)], "interleaved": 0,
-          "outside": {"kernels": 0, "device_us": 0.0, "next_graph_same": True}, "outside_error": ""}
+          "outside": [dict(clean) for _ in gaps.PROFILE_AFTER], "outside_error": "", "threads": {1},
+          "in_flight": 0, "overlapped": 0}
     st.update(kw)
     return st
 
 
-def test_the_gap_is_usable_only_alone_measured_and_with_no_gpu_work_of_the_programs_own():
+def test_the_gap_is_usable_only_alone_measured_and_with_no_gpu_work_or_wait_of_the_programs_own():
     ok = gaps.summarize(_stats())
     assert ok["usable"] is True and 30.0 <= ok["host_us"] <= 30.02 and "why" not in ok
     assert program_gap_ns({"program_gap": ok}, "cuda:0", Policy()) == int(ok["host_us"] * 1e3)
     assert program_gap_ns({"program_gap": ok}, "cuda:0", Policy(program_gap=False)) == 0
-    busy = gaps.summarize(_stats(outside={"kernels": 3, "device_us": 12.5, "next_graph_same": True}))
-    assert busy["usable"] is False and "GPU work of its own" in busy["why"]
+    clean = _stats()["outside"][0]
+    busy = gaps.summarize(_stats(outside=[clean, dict(clean, kernels=3, device_us=12.5), clean]))
+    assert busy["usable"] is False and "GPU work of its own" in busy["why"]  # one profiled gap of three is enough
     assert program_gap_ns({"program_gap": busy}, "cuda:0", Policy()) == 0
-    assert "not profiled" in gaps.summarize(_stats(outside=None))["why"]
-    assert "could not" in gaps.summarize(_stats(outside=None, outside_error="could not profile a gap: x"))["why"]
+    # A program that waits for the GPU between calls (a synchronize, .item()): the gap holds that wait, which a
+    # candidate saving only host time would be credited with, while the program's step stays as long.
+    waits = gaps.summarize(_stats(outside=[clean, clean, dict(clean, syncs=1)]))
+    assert waits["usable"] is False and "waits for the GPU" in waits["why"]
+    assert "1 of 3 gaps were profiled" in gaps.summarize(_stats(outside=[clean]))["why"]
+    assert "runtime" in gaps.summarize(_stats(outside_error="the profiled gap does not show the CUDA runtime's calls"))["why"]
     assert "other graphs" in gaps.summarize(_stats(interleaved=2))["why"]
     assert "called it" in gaps.summarize(_stats(gaps=[1000] * 3, calls=9))["why"]
+    assert "several threads" in gaps.summarize(_stats(threads={1, 2}))["why"]
+    assert "several threads" in gaps.summarize(_stats(overlapped=1))["why"]
+    assert "compiled 4 times" in gaps.summarize(_stats(), compiled=4)["why"]
     # A graph.json edited by hand cannot ask for more than the gate's cap, nor for a negative gap.
     forged = dict(ok, host_us=1e9)
     assert program_gap_ns({"program_gap": forged}, "cuda:0", Policy()) == 50_000_000
     assert program_gap_ns({"program_gap": dict(ok, host_us=-5)}, "cuda:0", Policy()) == 0
     assert program_gap_ns({"program_gap": dict(ok, host_us="x")}, "cuda:0", Policy()) == 0
     assert program_gap_ns({}, "cuda:0", Policy()) == 0
+
+
+class _Clock:
+    """A fake perf_counter_ns that the fake graph and program advance: the gap measured exactly."""
+
+    def __init__(self):
+        self.t = 0
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def test_the_watch_measures_from_a_calls_end_to_the_next_calls_start(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(gaps, "_perf_ns", clock)
+    w = gaps.GapWatch()
+
+    def graph(args):  # 5 ms inside the call
+        clock.t += 5_000_000
+        return args
+
+    f = w.wrap("k", "cpu", graph)
+    for _ in range(gaps.SKIP + 12):
+        assert f([1]) == [1]
+        clock.t += 1_000_000  # 1 ms of the program's own host time between calls
+    r = w.result("k")
+    assert r["calls"] == gaps.SKIP + 12 and r["gaps"] == 12 and r["host_us"] == r["q1_us"] == r["q3_us"] == 1000.0
 
 
 def test_the_watch_never_breaks_a_call_and_passes_its_result_and_errors_through():
@@ -106,16 +144,28 @@ def test_the_watch_never_breaks_a_call_and_passes_its_result_and_errors_through(
         raise ValueError("the graph's own error")
 
     b = w.wrap("b", "cpu", boom)
-    try:
+    with pytest.raises(ValueError, match="own error"):
         b([])
-    except ValueError as e:
-        assert "own error" in str(e)
     r = w.result("k")
     assert r["calls"] == gaps.SKIP + 12 and r["gaps"] == 12 and r["interleaved"] == 0
     assert w.result("b")["calls"] == 1 and w.result("missing") is None
 
 
-def test_the_worker_spends_the_gap_before_every_timed_call_of_every_role(tmp_path):
+def test_calls_from_two_threads_leave_the_gap_unusable():
+    import threading
+
+    w = gaps.GapWatch()
+    f = w.wrap("k", "cuda:0", lambda args: args)
+    for _ in range(gaps.SKIP + 10):
+        f([])
+    t = threading.Thread(target=lambda: [f([]) for _ in range(3)])
+    t.start()
+    t.join()
+    r = w.result("k")
+    assert r["threads"] == 2 and r["usable"] is False and "several threads" in r["why"]
+
+
+def test_the_worker_spends_the_gap_its_request_names_before_every_timed_call_of_every_role(tmp_path):
     from tilesmith.gate import worker
 
     st = worker.State()
@@ -125,13 +175,26 @@ def test_the_worker_spends_the_gap_before_every_timed_call_of_every_role(tmp_pat
     torch.save({"inputs": [[torch.ones(4)], [torch.zeros(4)]]}, sets)
     gap, reps = 3_000_000, 4
     for role in ("candidate", "baseline"):
-        worker.op_time_setup(st, {"sets_file": str(sets), "roles": [role], "mode": "launch", "buffers": 2,
-                                  "gap_ns": gap})
-        assert st.gap_ns == gap
-        ns = worker.op_time(st, {"role": role, "reps": reps, "start": 0})["ns"]
+        worker.op_time_setup(st, {"sets_file": str(sets), "roles": [role], "mode": "launch", "buffers": 2})
+        ns = worker.op_time(st, {"role": role, "reps": reps, "start": 0, "gap_ns": gap})["ns"]
         assert ns >= reps * gap  # a busy wait of at least `gap` before each call, inside the timed window
-    worker.op_time_setup(st, {"sets_file": str(sets), "roles": ["baseline"], "mode": "launch", "buffers": 2,
-                              "gap_ns": 10**12})
-    assert st.gap_ns == worker.MAX_GAP_NS  # capped in the worker too
-    worker.op_time_setup(st, {"sets_file": str(sets), "roles": ["baseline"], "mode": "launch", "buffers": 2})
-    assert st.gap_ns == 0
+    assert worker.MAX_GAP_NS == 50_000_000  # the parent's cap (gate.timed.program_gap_ns) is the worker's
+
+
+def test_a_sample_shorter_than_the_gap_it_had_to_spend_is_forged():
+    """A candidate that skips its own wait (in-process tampering with the worker) cannot gain by it: the parent
+    knows how much host time each sample had to spend."""
+    from tilesmith.gate.timing import _sample, check_sample
+
+    assert check_sample(5_000_000, 10**9, 4 * 1_000_000) is None
+    bad = check_sample(3_000_000, 10**9, 4 * 1_000_000)
+    assert bad is not None and bad.code == "timing-forged" and "skipped" in bad.message
+
+    class Worker:  # answers every time request with a sample that spent no gap
+        def request(self, msg, timeout_s):
+            return {"ns": 1}
+
+    ns, bad, _ = _sample(Worker(), {"op": "time", "role": "candidate", "reps": 4, "gap_ns": 1_000_000}, 5.0)
+    assert ns is None and bad.code == "timing-forged"
+    ns, bad, _ = _sample(Worker(), {"op": "time", "role": "candidate", "reps": 4}, 5.0)
+    assert ns == 1 and bad is None

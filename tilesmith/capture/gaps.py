@@ -29,28 +29,34 @@ import time
 SKIP = 5  # a graph's first calls compile, autotune, warm up and record the trees: not the steady state
 RECORD = 64  # gaps kept per graph
 MIN_GAPS = 8  # fewer, and the median says too little
-PROFILE_AFTER = SKIP + 2  # the gap after this call is profiled for GPU work the program queued between calls
+PROFILE_AFTER = (SKIP + 2, SKIP + 5, SKIP + 8)  # the gaps after these calls are profiled: none may hold GPU work
+SYNCS = ("Synchronize", "cudaMemcpy")  # CUDA runtime calls that make the host wait for the GPU (cudaMemcpyAsync too)
 
 _perf_ns = time.perf_counter_ns
 
 
 class GapWatch:
     """Wraps each graph's outermost callable (after Inductor's post_compile: the trees' replay included) and
-    records, per graph, the host time between its consecutive calls."""
+    records, per graph, the host time between its consecutive calls.
+
+    Only the main thread's calls profile a gap (a profiler is started and stopped on one thread); a graph whose
+    calls come from several threads or overlap has no usable gap. Never raises into the program."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._last: tuple[str, int] | None = None  # (graph key, when its last call ended)
+        self._last: tuple[str, int, int] | None = None  # (graph key, thread, when its last call ended)
         self._stats: dict[str, dict] = {}
-        self._prof = None  # (key, profiler) while one gap is profiled
+        self._prof = None  # (key, profiler) while a gap is profiled (main thread only)
+        self._main = threading.main_thread().ident
 
     def wrap(self, key: str, device: str, fn):
         st = self._stats.setdefault(key, {"device": device, "calls": 0, "gaps": [], "interleaved": 0,
-                                          "outside": None, "outside_error": ""})
+                                          "outside": [], "outside_error": "", "threads": set(), "in_flight": 0,
+                                          "overlapped": 0})
         watch = self
 
         def call(args):
-            watch._enter(key, _perf_ns())
+            watch._enter(key, st)
             try:
                 return fn(args)
             finally:
@@ -60,33 +66,46 @@ class GapWatch:
         call._tilesmith_gap_of = fn  # type: ignore[attr-defined]
         return call
 
-    def _enter(self, key: str, t: int) -> None:
-        if self._prof is not None:
-            self._stop_profile(key)
-            self._last = None  # the profiled gap is not a plain one
-            return
-        last, self._last = self._last, None
-        st = self._stats.get(key)
-        if last is None or st is None or st["calls"] < SKIP:
-            return
-        if last[0] != key:
-            st["interleaved"] += 1
-        elif len(st["gaps"]) < RECORD:
-            st["gaps"].append(t - last[1])
+    def _enter(self, key: str, st: dict) -> None:
+        t, me = _perf_ns(), threading.get_ident()
+        try:
+            with self._lock:
+                st["threads"].add(me)
+                st["in_flight"] += 1
+                if st["in_flight"] > 1:
+                    st["overlapped"] += 1
+                last, self._last = self._last, None
+            if self._prof is not None and me == self._main:
+                self._stop_profile(key)
+                return  # the profiled gap is not a plain one
+            if last is None or st["calls"] < SKIP:
+                return
+            if last[0] != key or last[1] != me:
+                st["interleaved"] += 1
+            elif len(st["gaps"]) < RECORD:
+                st["gaps"].append(t - last[2])
+        except Exception:  # noqa: BLE001 - never break the user's program over a measurement
+            st["outside_error"] = st["outside_error"] or "the gap watch failed"
 
     def _exit(self, key: str, st: dict) -> None:
-        st["calls"] += 1
-        if st["calls"] == PROFILE_AFTER and st["device"].startswith("cuda") and st["outside"] is None:
-            self._start_profile(key, st)
-        self._last = (key, _perf_ns())
+        try:
+            with self._lock:
+                st["in_flight"] -= 1
+                st["calls"] += 1
+            me = threading.get_ident()
+            if (st["calls"] in PROFILE_AFTER and me == self._main and self._prof is None
+                    and st["device"].startswith("cuda") and not st["interleaved"]):
+                self._start_profile(key, st)
+            self._last = (key, me, _perf_ns())
+        except Exception:  # noqa: BLE001
+            st["outside_error"] = st["outside_error"] or "the gap watch failed"
 
     def _start_profile(self, key: str, st: dict) -> None:
         try:
             import torch
 
             torch.cuda.synchronize()  # the graph's own work done: what the profile sees is queued after
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
             prof.start()
             self._prof = (key, prof)
         except Exception as e:  # noqa: BLE001 - a profiler already running, none built in: the gap stays unused
@@ -99,14 +118,18 @@ class GapWatch:
         try:
             import torch
 
-            torch.cuda.synchronize()  # work queued in the gap has run before the profile stops
+            torch.cuda.synchronize()  # work queued in the gap has run before the profile stops (seen as one sync)
             prof.stop()
-            n, ns = device_work(prof)
-            st["outside"] = {"kernels": n, "device_us": round(ns / 1e3, 2), "next_graph_same": next_key == key}
+            n, ns, syncs = device_work(prof)
+            st["outside"].append({"kernels": n, "device_us": round(ns / 1e3, 2), "syncs": syncs - 1,
+                                  "next_graph_same": next_key == key})
+            if syncs < 1:  # our own sync is missing: the profile does not show the runtime's calls
+                st["outside_error"] = "the profiled gap does not show the CUDA runtime's calls"
         except Exception as e:  # noqa: BLE001
             st["outside_error"] = f"could not read the profiled gap: {e!r}"[:200]
 
     def close(self) -> None:
+        """After the script (on the main thread): a profile still running is stopped."""
         if self._prof is not None:
             key, prof = self._prof
             self._prof = None
@@ -114,46 +137,64 @@ class GapWatch:
                 prof.stop()
             except Exception:  # noqa: BLE001
                 pass
-            self._stats[key]["outside_error"] = "the program made no call after the profiled gap"
+            self._stats[key]["outside_error"] = "the program made no call after a profiled gap"
 
-    def result(self, key: str) -> dict | None:
+    def result(self, key: str, compiled: int = 1) -> dict | None:
         st = self._stats.get(key)
-        return None if st is None else summarize(st)
+        return None if st is None else summarize(st, compiled)
 
 
-def device_work(prof) -> tuple[int, int]:
-    """(events, nanoseconds) of device activity (kernels, copies, sets) in a stopped torch profiler."""
+def device_work(prof) -> tuple[int, int, int]:
+    """(device events, their nanoseconds, the CUDA runtime's waiting calls) in a stopped torch profiler: kernels,
+    copies and sets run on the device; a synchronize or a blocking copy makes the host wait for it."""
     from torch.autograd import DeviceType
 
-    n = ns = 0
+    n = ns = syncs = 0
     for e in prof.profiler.kineto_results.events():
         if e.device_type() != DeviceType.CPU:
             n += 1
             ns += int(e.duration_ns())
-    return n, ns
+        elif any(x in e.name() for x in SYNCS):
+            syncs += 1
+    return n, ns, syncs
 
 
-def summarize(st: dict) -> dict:
-    """graph.json's program_gap: the measured gap, and whether the gate may spend it (`usable`, else `why`)."""
+def summarize(st: dict, compiled: int = 1) -> dict:
+    """graph.json's program_gap: the measured gap, and whether the gate may spend it (`usable`, else `why`).
+    `compiled`: how many times capture saw this graph's code compiled (the copies after the first are not
+    watched, so their calls cannot count as other graphs between this one's)."""
     gaps = sorted(st["gaps"])
+    outside = list(st["outside"])
     out = {"device": st["device"], "calls": st["calls"], "gaps": len(gaps), "interleaved": st["interleaved"],
-           "outside": st["outside"]}
+           "profiled": outside, "threads": len(st["threads"])}
     if gaps:
         q = statistics.quantiles(gaps, n=4) if len(gaps) > 1 else [gaps[0]] * 3
         out.update(host_us=round(statistics.median(gaps) / 1e3, 2), q1_us=round(q[0] / 1e3, 2),
                    q3_us=round(q[2] / 1e3, 2))
+    work = [o for o in outside if o["kernels"]]
+    waits = [o for o in outside if o.get("syncs", 0) > 0]
     why = ""
     if not st["device"].startswith("cuda"):
         why = "a CPU graph: its calls are synchronous, the program's host time adds to every version alike"
+    elif compiled > 1:
+        why = f"its code was compiled {compiled} times (e.g. one block compiled per layer): other copies run between its calls"
+    elif len(st["threads"]) > 1 or st["overlapped"]:
+        why = "called from several threads: the time between calls is not one program's step"
     elif st["interleaved"]:
         why = f"other graphs ran between its calls ({st['interleaved']} times): the gap is not this graph's alone"
     elif len(gaps) < MIN_GAPS:
-        why = f"the program called it {st['calls']} times: the gap is measured after the first {SKIP}, on {MIN_GAPS} or more"
-    elif st["outside"] is None:
-        why = st["outside_error"] or "the gap was not profiled"
-    elif st["outside"]["kernels"]:
-        why = (f"the program queues GPU work of its own between calls ({st['outside']['kernels']} kernels or copies, "
-               f"{st['outside']['device_us']} us): the gate would credit host time the program's GPU does not wait")
+        why = (f"the program called it {st['calls']} times: the gap is measured after the first {SKIP}, "
+               f"on {MIN_GAPS} or more calls")
+    elif st["outside_error"]:
+        why = st["outside_error"]
+    elif len(outside) < len(PROFILE_AFTER):
+        why = f"{len(outside)} of {len(PROFILE_AFTER)} gaps were profiled"
+    elif work:
+        why = (f"the program queues GPU work of its own between calls ({work[0]['kernels']} kernels or copies, "
+               f"{work[0]['device_us']} us): the gate would credit host time the program's GPU does not wait")
+    elif waits:
+        why = ("the program waits for the GPU between calls (a synchronize, .item(), a copy to the host): its step "
+               "is not pipelined, and the gap holds that wait")
     out["usable"] = not why
     if why:
         out["why"] = why

@@ -174,7 +174,8 @@ class CaptureSession:
             return
         self.gaps.close()
         for key, (gdir, meta) in self._metas.items():
-            gap = self.gaps.result(key)
+            info = self.graphs.get(key)
+            gap = self.gaps.result(key, compiled=info.seen if info is not None else 1)
             if gap is not None:
                 meta["program_gap"] = gap
                 try:

@@ -230,7 +230,8 @@ def _pass(v: Verdict, p: Pass, named_sets: list, contents: list, ctx: dict, prep
     if p.timing:
         from tilesmith.gate import timing
 
-        v.warnings += timing.warnings(p.timing, ctx["policy"], ctx.get("solo_in_mode_ns") or r["per_call_ns"])
+        v.warnings += timing.warnings(p.timing, ctx["policy"],
+                                     ctx.get("solo_in_mode_ns") or r["per_call_ns"] + p.timing.gap_us * 1e3)
     v.reasons += reasons
     return not reasons
 

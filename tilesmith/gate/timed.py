@@ -25,7 +25,8 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
     gap_ns = program_gap_ns(ctx["meta"], ctx["device"], policy)
     # In graph timing the confirmation pass sizes from the first pass's probe (resized) directly.
     known = ctx.get("solo_in_mode_ns") if mode == "graph" else None
-    reps, ctx["buffers"] = timing.sample_size(policy, known or r["per_call_ns"], contents, shared)
+    # Sized with the program's gap: each timed call spends it first (the probe in graph mode did too).
+    reps, ctx["buffers"] = timing.sample_size(policy, known or (r["per_call_ns"] + gap_ns), contents, shared)
 
     def send(worker, roles: list, role_mode: str, pin: bool) -> dict:
         if pin and cpus:
@@ -33,7 +34,7 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
         f = worker.dir / f"contents-{p.seed}.pt"
         save_sets(f, contents, torch)
         rep = worker.request({"op": "time_setup", "sets_file": str(f), "roles": roles, "mode": role_mode,
-                              "buffers": ctx["buffers"], "gap_ns": gap_ns}, policy.call_timeout_s)
+                              "buffers": ctx["buffers"]}, policy.call_timeout_s)
         f.unlink(missing_ok=True)
         return rep if isinstance(rep, dict) else {}
 
@@ -53,12 +54,12 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
     if mode == "graph" and not known:
         with clock(f"{key}.resize"):
             try:
-                reps = resized(ctx, ref, reps, contents, shared, setup)
+                reps = resized(ctx, ref, reps, contents, shared, setup, gap_ns)
             except CandidateTreesFailed as e:
                 return [_trees_failed(e)]
     with clock(f"{key}.timing"):
         p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
-                                                 len(contents), ctx["buffers"])
+                                                 len(contents), ctx["buffers"], gap_ns=gap_ns)
     if p.timing:
         p.timing.gap_us = gap_ns / 1e3
         clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)
@@ -133,7 +134,7 @@ def _setups(ctx: dict, ref: Reference, w, mode: str) -> list[tuple]:
     return [(ref.timer, [ref.base_role], base)] + beside
 
 
-def resized(ctx: dict, ref: Reference, reps: int, contents: list, shared: set, setup) -> int:
+def resized(ctx: dict, ref: Reference, reps: int, contents: list, shared: set, setup, gap_ns: int = 0) -> int:
     """Calls per sample in graph timing. The sizes came from the original's plain launches (the solo time),
     which a replay runs several times faster: on the H200 the MoE's samples were 2 calls, 0.3 ms where 2 ms
     is the aim, and each sample's fixed costs (the syncs around it, a first launch from an idle GPU) pulled
@@ -143,7 +144,7 @@ def resized(ctx: dict, ref: Reference, reps: int, contents: list, shared: set, s
 
     policy = ctx["policy"]
     try:
-        probe = timing.solo_ns(ref.timer, ref.base_role, policy.call_timeout_s)
+        probe = timing.solo_ns(ref.timer, ref.base_role, policy.call_timeout_s, gap_ns=gap_ns)
     except RuntimeError:  # a failing call shows in the timed samples themselves, with its reason
         return reps
     reps, buffers, again = timing.resize(policy, reps, ctx["buffers"], probe, contents, shared)

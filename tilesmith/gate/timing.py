@@ -96,19 +96,24 @@ class CheckedSample:
 
 
 def _sample(worker, msg: dict, timeout_s: float) -> tuple[int | None, Reason | None, dict]:
-    """One timed sample; its raw total must be a positive int inside the wall time the parent measured."""
+    """One timed sample; its raw total must be a positive int inside the wall time the parent measured, and
+    no shorter than the host time the request asked to be spent before its calls (msg's gap_ns per call)."""
     w0 = time.perf_counter_ns()
     reply = worker.request(msg, timeout_s=timeout_s)
     wall = time.perf_counter_ns() - w0
     ns = reply.get("ns")
-    bad = check_sample(ns, wall)
+    bad = check_sample(ns, wall, int(msg.get("gap_ns") or 0) * int(msg.get("reps") or 1))
     return (None, bad, reply) if bad else (ns, None, reply)
 
 
-def check_sample(ns, wall_ns: int) -> Reason | None:
-    """A worker's raw sample must be a positive int that fits in the wall time the parent itself measured."""
+def check_sample(ns, wall_ns: int, least_ns: int = 0) -> Reason | None:
+    """A worker's raw sample must be a positive int that fits in the wall time the parent itself measured,
+    and last at least `least_ns` (the program's host time it had to spend: gate.timed.program_gap_ns)."""
     if not isinstance(ns, int) or isinstance(ns, bool) or ns <= 0:
         return Reason("timing-forged", "the timing worker returned a malformed sample")
+    if ns < least_ns:
+        return Reason("timing-forged", f"a sample of {ns / 1e6:.3f} ms is shorter than the {least_ns / 1e6:.3f} ms of "
+                                       "the program's host time its calls had to spend: the wait was skipped")
     if ns > wall_ns:
         return Reason("timing-forged", f"a sample of {ns / 1e6:.1f} ms came back in {wall_ns / 1e6:.1f} ms of wall "
                                        "time: the clock was tampered with")
@@ -117,7 +122,7 @@ def check_sample(ns, wall_ns: int) -> Reason | None:
 
 def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_role: str = "baseline",
             contents: int = 1, buffers: int | None = None,
-            beside: bool = True) -> tuple[Timing | None, list[Reason], list[CheckedSample]]:
+            beside: bool = True, gap_ns: int = 0) -> tuple[Timing | None, list[Reason], list[CheckedSample]]:
     """Rounds of paired samples until the bounds decide or the time budget is spent.
 
     timer: the worker that times the baseline (`base_role`) apart; it never loads the candidate.
@@ -128,6 +133,9 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     slow that one down) and beside (two processes running the same code differ by several % on a busy
     machine, which no number of paired samples cancels; benchmarks/RESULTS.md has the measurements).
     buffers: the rotating buffer sets each worker holds (time_setup's `buffers`).
+    gap_ns: host time each worker spends before every timed call, every role alike (the program's own
+    between its calls: gate.timed.program_gap_ns); sent with each request, and a sample shorter than its
+    calls' share of it is forged.
     contents: input contents in the workers' pools; before each round every worker refills its rotating
     buffers with the same random choice of contents, then perturbs them with the same fresh seed: the
     values of every round are new (no cache keyed on addresses or on contents can answer a call).
@@ -150,7 +158,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     k = 0
     start = time.monotonic()
     batch = policy.min_rounds
-    timeout_s = max(60.0, 20 * reps * per_call_ns / 1e9)
+    timeout_s = max(60.0, 20 * reps * (per_call_ns + gap_ns) / 1e9)
     sides = [(timer, base_role, b_all), (cand, "candidate", c_all)] + ([(cand, "baseline", i_all)] if beside else [])
     watching = timer is not cand and hasattr(cand, "cpu_ns")  # as _round decides where the idle watch runs
     while True:
@@ -158,7 +166,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
             # The budget is also checked between rounds: on a loaded machine a batch sized at the rate
             # measured so far can take several times longer (a 10 s budget ran 28.9 s).
             last = r == batch - 1 or time.monotonic() - start > policy.time_budget_s
-            bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, last=last)
+            bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, last=last, gap_ns=gap_ns)
             if bad:
                 return None, [bad], kept
             k += reps
@@ -208,7 +216,7 @@ def _busy(idle: dict) -> Reason | None:
 
 
 def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, timeout_s: float,
-           kept: list, pending: dict, idle: dict, last: bool) -> Reason | None:
+           kept: list, pending: dict, idle: dict, last: bool, gap_ns: int = 0) -> Reason | None:
     """One sample of each side, with fresh input values; the candidate's sample is checked when the draw
     says so (or `last`: the batch's last round). The draw is made when its sample is back, and sent with
     the next request to the candidate's worker (`pending`), which acts on it before anything else.
@@ -220,7 +228,7 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
     # apart baseline and the candidate each follow a sample of the other process half the time.
     cand = next(w for w, role, _ in sides if role == "candidate")
     for w, role, into in (sides if len(sides[0][2]) % 2 == 0 else sides[::-1]):
-        msg = {"op": "time", "role": role, "reps": reps, "start": k, "fill": fill, "perturb": perturb}
+        msg = {"op": "time", "role": role, "reps": reps, "start": k, "fill": fill, "perturb": perturb, "gap_ns": gap_ns}
         if w is cand:
             msg["keep"] = pending.pop("keep", False)  # the word on its last candidate sample, drawn already
         watch = w is not cand and hasattr(cand, "cpu_ns")
@@ -296,11 +304,11 @@ def slowed_beside(t: Timing, confidence: float) -> Estimate | None:
     return estimate(t.beside_ns, t.baseline_ns, confidence)
 
 
-def solo_ns(worker, role: str, timeout_s: float, samples: int = 7) -> float:
-    """Median of `samples` single calls of `role`, alone: sizes timed samples."""
+def solo_ns(worker, role: str, timeout_s: float, samples: int = 7, gap_ns: int = 0) -> float:
+    """Median of `samples` single calls of `role`, alone (each after `gap_ns` of host time): sizes timed samples."""
     ns = []
     for i in range(samples):
-        t, bad, _ = _sample(worker, {"op": "time", "role": role, "reps": 1, "start": i}, timeout_s)
+        t, bad, _ = _sample(worker, {"op": "time", "role": role, "reps": 1, "start": i, "gap_ns": gap_ns}, timeout_s)
         if bad:
             raise RuntimeError(bad.message)
         ns.append(t)

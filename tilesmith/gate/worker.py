@@ -57,7 +57,6 @@ class State:
         self.trees_fallback = {}  # role -> why it was asked for trees mode and timed in graph mode instead
         self.trees_roles = set()  # roles whose thunks run through the cudagraph trees set up in this process
         self.trees_live = False  # whether the trees' manager may hold functions set up since its last reset
-        self.gap_ns = 0  # host time spent before each timed call, every role alike (graph.json program_gap)
 
 
 def op_load(st: State, req: dict) -> dict:
@@ -114,7 +113,6 @@ def op_time_setup(st: State, req: dict) -> dict:
     set: gate.original.timing_contents); the other inputs rotate."""
     contents = torch.load(req["sets_file"], weights_only=True)["inputs"]
     st.trees_fallback = {}  # this request's roles only (a kept worker times later decisions too)
-    st.gap_ns = max(0, min(MAX_GAP_NS, int(req.get("gap_ns") or 0)))
     n = max(1, int(req.get("buffers") or len(contents)))
     st.shared = parameter_indices(st.data.meta) if st.data else set()
     for role in req["roles"]:
@@ -205,6 +203,9 @@ def op_time(st: State, req: dict) -> dict:
     no call can know whether it will be checked. The kept call and the last call stay pending; the next
     request says whether the parent wants them (`keep`)."""
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
+    # The program's own host time before each call (gate.timed.program_gap_ns), read from this request before
+    # any candidate code runs in it; the parent rejects a sample shorter than its calls' share of it.
+    gap = max(0, min(MAX_GAP_NS, int(req.get("gap_ns") or 0)))
     ours = role == "candidate"  # the outputs kept for checks are the candidate's (the baseline may run here too)
     # The parent's word on the last candidate sample comes with the next request to this worker, whatever
     # its role: its kept outputs go to disk or are dropped before anything else runs here (held in memory
@@ -236,7 +237,7 @@ def op_time(st: State, req: dict) -> dict:
             # modes, inside its timed sample) would be a cost only the baseline pays.
             seen["kept"], seen["kept_i"] = (_snapshot(out, graph) if ours else None), i
 
-    gap, spin = st.gap_ns, _spin
+    spin = _spin
     with torch.no_grad():
         if gap:  # the program's own host time before each call (gate.timed.program_gap_ns): the GPU runs on meanwhile
             ns = clock.timed(lambda: (spin(gap), next(calls)())[1], reps, _device_sync, draw)
