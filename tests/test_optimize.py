@@ -153,6 +153,62 @@ def test_every_graph_gets_its_baseline_profile_and_the_biggest_goes_first(traini
     assert order == sorted(share, key=lambda k: -share[k])
 
 
+def _accepting(calls: list):
+    """An optimizer whose every candidate is accepted (the gate stubbed: `_submit` below), recording each
+    call as (graph key, loops done when it was called, the loops it was asked for)."""
+    def run(track, settings, submit, *, loops_done=0):
+        calls.append((track.key, loops_done, settings.loops))
+        while loops_done < settings.loops:
+            loops_done += bool(submit(Candidate(track.best_text, "same code"))["accepted"])
+        return "done", ""
+
+    return run
+
+
+def _accept_all(monkeypatch):
+    def submit(r, g, t, track, cand):
+        t.loops_done += 1
+        t.candidates += 1
+        return {"accepted": True}
+
+    monkeypatch.setattr(opt, "_submit", submit)
+
+
+def test_under_a_time_limit_every_graph_gets_its_first_win_before_any_graph_its_second(training_ws, monkeypatch):
+    """On the H200 a training step's backward spent a 4-minute budget on its second loop and the step's three
+    other graphs never started: with --max-minutes, a first pass takes one loop per graph, biggest first, and
+    a second pass the loops left."""
+    _accept_all(monkeypatch)
+    calls: list = []
+    r = opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, max_minutes=30), optimizer=_accepting(calls))
+    keys = [k for k, _, _ in calls[:4]]
+    assert len(calls) == 8 and len(set(keys)) == 4, calls
+    assert [(done, asked) for _, done, asked in calls] == [(0, 1)] * 4 + [(1, 2)] * 4
+    assert [k for k, _, _ in calls[4:]] == keys  # the second pass in the same order, biggest first
+    assert r.status == "complete" and all(t.status == "done" and t.loops_done == 2 for t in r.tracks)
+    # Without a time limit every graph gets all its loops in turn (nothing can be left out).
+    calls.clear()
+    r = opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", loops=2), optimizer=_accepting(calls))
+    assert [(done, asked) for _, done, asked in calls] == [(0, 2)] * 4 and r.status == "complete"
+
+
+def test_a_graph_that_found_nothing_in_the_first_pass_is_not_tried_again(training_ws, monkeypatch):
+    _accept_all(monkeypatch)
+    calls: list = []
+    accepting = _accepting(calls)
+
+    def first_finds_nothing(track, settings, submit, *, loops_done=0):
+        if not calls:  # the biggest graph: nothing to try
+            calls.append((track.key, loops_done, settings.loops))
+            return "exhausted", "the optimizer has nothing more to try"
+        return accepting(track, settings, submit, loops_done=loops_done)
+
+    r = opt.optimize(training_ws, opt.OptimizeSettings(optimizer="tuner", loops=2, max_minutes=30),
+                     optimizer=first_finds_nothing)
+    assert len(calls) == 7 and calls[0][0] not in [k for k, _, _ in calls[1:]], calls
+    assert sorted(t.status for t in r.tracks) == ["done", "done", "done", "exhausted"]
+
+
 def test_a_cuda_graph_compiled_graph_is_credited_against_the_gates_replay_of_the_original_not_the_profile():
     def verdict(mode, base, cand):
         timing = {"speedup": base / cand, "speedup_low": base / cand * 0.9, "speedup_high": base / cand * 1.1,

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -193,16 +193,26 @@ def _start(workspace, settings: OptimizeSettings | None, resume: str | None):
 def _work_all(r: _Run, graphs, tracks: dict[str, TrackResult]) -> None:
     order = _order_by_time(r, [g for g in graphs if tracks[g.key].status not in FINAL])
 
-    def work(g):
+    def work(g, settings=None):
         t = tracks[g.key]
         try:
-            _run_track(r, g, t)
+            _run_track(r, g, t, settings or r.settings)
         except Exception as e:  # one graph's failure never ends the run
             t.status, t.reason = "failed", f"{type(e).__name__}: {e}"[:500]
             r.save(t)
             r.note("track", key=g.key, track=t)
 
     if r.settings.jobs <= 1:
+        if r.deadline is not None and r.settings.loops > 1 and len(order) > 1:
+            # Under a time limit, every graph's first win before any graph's second: on the H200 a training
+            # step's backward took its second loop's re-lowering search through the rest of a 4-minute budget,
+            # and its three other graphs never started (benchmarks/RESULTS.md, session 16).
+            first = replace(r.settings, loops=1)
+            for g in order:
+                if r.expired():
+                    break
+                work(g, first)
+            order = [g for g in order if tracks[g.key].status == "done" and 0 < tracks[g.key].loops_done < r.settings.loops]
         for g in order:
             if r.expired():
                 break
@@ -289,7 +299,8 @@ def _exact_hit(rid: str, g, settings: OptimizeSettings) -> bool:
     return True
 
 
-def _run_track(r: _Run, g, t: TrackResult) -> None:
+def _run_track(r: _Run, g, t: TrackResult, settings: OptimizeSettings) -> None:
+    """One graph's track under `settings` (the run's, or with fewer loops for a first pass over every graph)."""
     if _exact_hit(r.run_id, g, r.settings):
         t.status, t.reason = "cached", "an artifact made with the same settings is installed"
         r.save(t)
@@ -311,12 +322,12 @@ def _run_track(r: _Run, g, t: TrackResult) -> None:
     t.status = "running"
     r.save(t)
     r.note("track", key=g.key, track=t)
-    if t.loops_done >= r.settings.loops:
+    if t.loops_done >= settings.loops:
         t.status = "done"
     else:
         submit = functools.partial(_submit, r, g, t, track)
         optimizer = r.optimizer or _named_optimizer(r.settings.optimizer)
-        t.status, t.reason = optimizer(track, r.settings, submit, loops_done=t.loops_done)
+        t.status, t.reason = optimizer(track, settings, submit, loops_done=t.loops_done)
         if t.status == "exhausted" and t.loops_done > 0:
             t.status = "done"
         if t.candidates == 0:  # nothing reached the gate: say what failed on the way, not only "nothing to try"
