@@ -198,3 +198,71 @@ def test_a_sample_shorter_than_the_gap_it_had_to_spend_is_forged():
     assert ns is None and bad.code == "timing-forged"
     ns, bad, _ = _sample(Worker(), {"op": "time", "role": "candidate", "reps": 4}, 5.0)
     assert ns == 1 and bad is None
+
+
+class _Event:
+    def __init__(self, name: str, device: bool = False, ns: int = 0):
+        from torch.autograd import DeviceType
+
+        self._name, self._dev, self._ns = name, DeviceType.CUDA if device else DeviceType.CPU, ns
+
+    def name(self):
+        return self._name
+
+    def device_type(self):
+        return self._dev
+
+    def duration_ns(self):
+        return self._ns
+
+
+def _fake_profiler(monkeypatch, windows: list[list]):
+    """torch.profiler.profile as a stand-in whose n-th window shows windows[n]'s events (no CUDA here)."""
+    made = []
+
+    class Profile:
+        def __init__(self, activities=None):
+            self.profiler = SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: windows[len(made) - 1]))
+            made.append(self)
+
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.profiler, "profile", Profile)
+    return made
+
+
+def test_profiled_gaps_count_the_programs_waits_beyond_what_an_empty_window_shows(monkeypatch):
+    """On the H200 a gap with nothing in it showed two waits (the closing sync, seen by the runtime and the
+    driver): the count is taken against an empty window's, so a clean program is not mistaken for one that
+    waits, and one that does (.item(), a synchronize) still is."""
+    ours = [_Event("cudaDeviceSynchronize"), _Event("cuCtxSynchronize")]
+    clean = ours + [_Event("cudaGetDevice")]
+    item = ours + [_Event("cudaMemcpyAsync"), _Event("cudaStreamSynchronize")]
+
+    def run(gap_windows):
+        made = _fake_profiler(monkeypatch, [ours] + gap_windows)
+        w = gaps.GapWatch()
+        f = w.wrap("k", "cuda:0", lambda args: args)
+        for _ in range(30):
+            f([])
+        assert len(made) == 1 + len(gaps.PROFILE_AFTER)  # the empty window once, then each profiled gap
+        return w.result("k")
+
+    ok = run([clean, clean, clean])
+    assert ok["usable"] is True and [o["syncs"] for o in ok["profiled"]] == [0, 0, 0], ok
+    waits = run([clean, item, clean])
+    assert waits["usable"] is False and "waits for the GPU" in waits["why"]
+    assert "cudaStreamSynchronize" in waits["profiled"][1]["waits"]
+    work = run([clean, clean, ours + [_Event("triton_poi_add", device=True, ns=4000)]])
+    assert work["usable"] is False and "GPU work of its own" in work["why"] and work["profiled"][2]["device_us"] == 4.0
+    blind = _fake_profiler(monkeypatch, [[], [], [], []])  # a profile that shows no runtime calls at all
+    w = gaps.GapWatch()
+    f = w.wrap("k", "cuda:0", lambda args: args)
+    for _ in range(30):
+        f([])
+    assert len(blind) == 4 and "does not show the CUDA runtime" in w.result("k")["why"]

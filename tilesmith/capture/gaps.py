@@ -47,6 +47,9 @@ class GapWatch:
         self._last: tuple[str, int, int] | None = None  # (graph key, thread, when its last call ended)
         self._stats: dict[str, dict] = {}
         self._prof = None  # (key, profiler) while a gap is profiled (main thread only)
+        # The waits an empty profiled window shows: our own sync before the stop, and whatever the runtime,
+        # the driver and the profiler add around it (2 per window on the H200). None until measured.
+        self._base_waits: int | None = None
         self._main = threading.main_thread().ident
 
     def wrap(self, key: str, device: str, fn):
@@ -105,6 +108,8 @@ class GapWatch:
             import torch
 
             torch.cuda.synchronize()  # the graph's own work done: what the profile sees is queued after
+            if self._base_waits is None:
+                self._base_waits = _empty_window_waits(torch)
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
             prof.start()
             self._prof = (key, prof)
@@ -118,12 +123,13 @@ class GapWatch:
         try:
             import torch
 
-            torch.cuda.synchronize()  # work queued in the gap has run before the profile stops (seen as one sync)
+            torch.cuda.synchronize()  # work queued in the gap has run before the profile stops
             prof.stop()
-            n, ns, syncs = device_work(prof)
-            st["outside"].append({"kernels": n, "device_us": round(ns / 1e3, 2), "syncs": syncs - 1,
-                                  "next_graph_same": next_key == key})
-            if syncs < 1:  # our own sync is missing: the profile does not show the runtime's calls
+            n, ns, waits = device_work(prof)
+            base = self._base_waits or 0
+            st["outside"].append({"kernels": n, "device_us": round(ns / 1e3, 2), "syncs": len(waits) - base,
+                                  "waits": sorted(set(waits))[:6], "next_graph_same": next_key == key})
+            if base < 1:  # an empty window showed not even our own sync: the runtime's calls are not seen
                 st["outside_error"] = "the profiled gap does not show the CUDA runtime's calls"
         except Exception as e:  # noqa: BLE001
             st["outside_error"] = f"could not read the profiled gap: {e!r}"[:200]
@@ -144,19 +150,30 @@ class GapWatch:
         return None if st is None else summarize(st, compiled)
 
 
-def device_work(prof) -> tuple[int, int, int]:
-    """(device events, their nanoseconds, the CUDA runtime's waiting calls) in a stopped torch profiler: kernels,
-    copies and sets run on the device; a synchronize or a blocking copy makes the host wait for it."""
+def device_work(prof) -> tuple[int, int, list[str]]:
+    """(device events, their nanoseconds, the names of the host's waiting calls) in a stopped torch profiler:
+    kernels, copies and sets run on the device; a synchronize or a blocking copy makes the host wait for it."""
     from torch.autograd import DeviceType
 
-    n = ns = syncs = 0
+    n = ns = 0
+    waits = []
     for e in prof.profiler.kineto_results.events():
         if e.device_type() != DeviceType.CPU:
             n += 1
             ns += int(e.duration_ns())
         elif any(x in e.name() for x in SYNCS):
-            syncs += 1
-    return n, ns, syncs
+            waits.append(e.name())
+    return n, ns, waits
+
+
+def _empty_window_waits(torch) -> int:
+    """The waits a profiled window with nothing in it shows (its closing sync as seen by the runtime and the
+    driver, the profiler's own flush): subtracted from every profiled gap's count."""
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    prof.start()
+    torch.cuda.synchronize()
+    prof.stop()
+    return len(device_work(prof)[2])
 
 
 def summarize(st: dict, compiled: int = 1) -> dict:
