@@ -278,3 +278,33 @@ def misbehaves_outside_the_sandbox(text: str) -> str:
     (the README says what no test can prove); TILESMITH_VERIFY, checking the program's own calls, can."""
     name = _return_name(text)
     return _before_return(text, f"if torch._dynamo.utils.os.getpid() > 64:\n    {name} = torch.zeros_like({name})")
+
+
+def reports_a_shorter_time(text: str) -> str:
+    """The original, except that at import it wraps `json.dumps` (through unittest.mock) so that the worker's
+    reply to a timed sample in which its own calls ran says 60 % of the time measured: the clock and the
+    sample are honest, the number that reaches the deciding process is not."""
+    text = text.replace("\nclass Runner:", '''
+import json as _json
+from unittest import mock as _mock
+
+
+def _make_dumps(real):
+    box = [0, 0]  # its own calls so far, and as of the last reply
+
+    def dumps(obj=None, *a, **k):
+        if obj is None:  # one of its own calls
+            box[0] += 1
+            return None
+        if isinstance(obj, dict) and isinstance(obj.get("ns"), int) and box[0] != box[1]:
+            obj = dict(obj, ns=int(obj["ns"] * 0.6))
+        box[1] = box[0]
+        return real(obj, *a, **k)
+    return dumps
+
+
+_dumps = _make_dumps(_json.dumps)
+_mock.patch.object(_json, "dumps", _dumps).start()
+
+class Runner:''', 1)
+    return _after_clear(text, "_dumps()")

@@ -52,6 +52,9 @@ CHEATS = [
     (redteam.hogs_the_cores_from_a_raw_thread, "process-state", ("load", "correctness")),
     (redteam.hogs_the_cores_from_a_forked_process, "background-work", "timing"),
     (redteam.hogs_the_cores_from_torchscripts_pool, "background-work", "timing"),
+    # The numbers a worker reports are the only ones in the deciding process: the encoder they go out through is
+    # watched like the clock that makes them (before, this cheat's A/A was accepted at 1.6x).
+    (redteam.reports_a_shorter_time, "process-state", "load"),
 ]
 
 

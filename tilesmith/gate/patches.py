@@ -23,11 +23,15 @@ MODULES = ("torch", "torch.nn.functional", "torch._C", "torch._C._nn", "torch._C
            "torch._inductor.cudagraph_trees", "torch._inductor.compile_fx", "torch._inductor.cudagraph_utils",
            # ... and what the worker measures with: its own module (run as __main__), its clock, time, os
            "__main__", "tilesmith.clock", "tilesmith.gate.worker_outputs", "tilesmith.gate.worker_tensors",
-           "tilesmith.gate.fingerprint", "tilesmith.gate.patches", "time", "os")
+           "tilesmith.gate.fingerprint", "tilesmith.gate.patches", "time", "os",
+           # ... and what its numbers reach the deciding process through (a wrapped json.dumps that shortened
+           # the candidate's samples in the reply was accepted at 1.6x on the original's own code)
+           "json", "json.encoder", "json.decoder")
 CLASSES = (("torch", "Tensor"), ("torch._C", "TensorBase"), ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner"),
            ("torch._inductor.runtime.triton_heuristics", "GridExpr"), ("torch.cuda", "Stream"), ("torch.cuda", "Event"),
            ("torch._C", "Generator"), ("torch._inductor.cudagraph_trees", "CUDAGraphTreeManager"),
-           ("torch._inductor.cudagraph_trees", "CUDAGraphNode"), ("torch._inductor.cudagraph_trees", "CUDAWarmupNode"))
+           ("torch._inductor.cudagraph_trees", "CUDAGraphNode"), ("torch._inductor.cudagraph_trees", "CUDAWarmupNode"),
+           ("json", "JSONEncoder"), ("json", "JSONDecoder"))
 _LAZY = ("torch._inductor.runtime", "torch._inductor.cudagraph_trees", "torch._inductor.compile_fx",
          "torch._inductor.cudagraph_utils")  # watched only once imported: importing them costs a CPU worker seconds
 
