@@ -308,3 +308,70 @@ _mock.patch.object(_json, "dumps", _dumps).start()
 
 class Runner:''', 1)
     return _after_clear(text, "_dumps()")
+
+
+def _insert_before_runner(text: str, code: str) -> str:
+    assert "\nclass Runner:" in text
+    return text.replace("\nclass Runner:", "\n" + code + "\n\nclass Runner:", 1)
+
+
+def defers_its_work_to_lazy_outputs(text: str) -> str:
+    """In the timed instance (the module's second load), every call after the first returns tensor subclasses
+    of the right layout that run the real call only when a value is read: after the clock stopped. The kept
+    calls are forced, right, by the worker's digest; the others never run (accepted at 27x before the worker
+    required plain tensors from every timed call). The load count is kept on the `string` module."""
+    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
+        if not _TIMING or getattr(self, "rtmeta", None) is None:
+            out = self.real_call(args)
+            self.rtmeta = [(o.size(), o.stride(), o.dtype, o.device, o.storage_offset()) for o in out]
+            return out
+        saved = list(args)
+        args.clear()
+        memo = []
+
+        def run():
+            if not memo:
+                memo.append(self.real_call(list(saved)))
+            return memo[0]
+        return tuple(_Lazy(m, run, i) for i, m in enumerate(self.rtmeta))
+
+    def real_call(self, args):
+''', 1)
+    return _insert_before_runner(text, '''
+import string as _string
+import torch.utils._pytree as _pytree
+
+_TIMING = getattr(_string, "rtloads", 0) >= 1
+_string.rtloads = getattr(_string, "rtloads", 0) + 1
+
+
+def _force(x):
+    return x.value() if isinstance(x, _Lazy) else x
+
+
+class _Lazy(torch.Tensor):
+    @staticmethod
+    def __new__(cls, meta, run, i):
+        size, stride, dtype, dev, off = meta
+        t = torch.Tensor._make_wrapper_subclass(cls, size, strides=stride, storage_offset=off, dtype=dtype,
+                                                device=dev, requires_grad=False)
+        t.run = run
+        t.idx = i
+        return t
+
+    def value(self):
+        return self.run()[self.idx]
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        args = _pytree.tree_map(_force, args)
+        kwargs = _pytree.tree_map(_force, kwargs or {})
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args = _pytree.tree_map(_force, args)
+        kwargs = _pytree.tree_map(_force, kwargs or {})
+        return func(*args, **kwargs)
+''')

@@ -55,6 +55,7 @@ CHEATS = [
     # The numbers a worker reports are the only ones in the deciding process: the encoder they go out through is
     # watched like the clock that makes them (before, this cheat's A/A was accepted at 1.6x).
     (redteam.reports_a_shorter_time, "process-state", "load"),
+    (redteam.defers_its_work_to_lazy_outputs, "output-type", "timing"),
 ]
 
 

@@ -31,6 +31,7 @@ from tilesmith.gate.worker_warm import warm_device, warm_inductor  # noqa: E402
 
 _CUDA = torch.cuda.is_available()
 _spin = clock.spin  # bound before any candidate code runs, as the sync is
+_TENSOR = torch.Tensor
 MAX_GAP_NS = 50_000_000  # a program's host time between calls spent in the gate, at most 50 ms per call
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
 
@@ -228,10 +229,16 @@ def op_time(st: State, req: dict) -> dict:
     for b, c in enumerate(req.get("fill") or []):
         _set_content(st, st.bufs[role][b], st.pool[role][c], req.get("perturb"), b)
     calls = iter([thunks[(k + i) % n] for i in range(reps)])
-    seen = {"kept": None, "kept_i": -1, "last": None}
+    seen = {"kept": None, "kept_i": -1, "last": None, "odd": ""}
 
     def draw(i: int, out) -> None:  # reservoir sampling, drawn after the call returned
         seen["last"] = out
+        # Every timed call's outputs are plain tensors: a tensor subclass can return at once and do the work
+        # only when a value is read, after the clock stopped (a red-team cheat was accepted at 27x that way:
+        # the two kept calls were forced, right, by the digest; no other call ever ran).
+        for o in (out if isinstance(out, (list, tuple)) else (out,)):
+            if isinstance(o, _TENSOR) and type(o) is not _TENSOR:
+                seen["odd"] = type(o).__name__
         if int.from_bytes(_urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
             # Only the candidate's kept outputs are checked: the baseline's copy (a clone in graph and trees
             # modes, inside its timed sample) would be a cost only the baseline pays.
@@ -243,6 +250,11 @@ def op_time(st: State, req: dict) -> dict:
             ns = clock.timed(lambda: (spin(gap), next(calls)())[1], reps, _device_sync, draw)
         else:
             ns = clock.timed(lambda: next(calls)(), reps, _device_sync, draw)
+    if seen["odd"]:
+        from tilesmith.errors import TilesmithError
+
+        raise TilesmithError(f"a timed call returned a {seen['odd'][:60]}, not a plain torch.Tensor: its values could "
+                             "be worked out after the clock stopped", code="output-type")
     reply = {"ns": ns}
     if ours:
         st.pending = {"start": k, "calls": [seen["kept_i"], reps - 1],
