@@ -375,3 +375,159 @@ class _Lazy(torch.Tensor):
         kwargs = _pytree.tree_map(_force, kwargs or {})
         return func(*args, **kwargs)
 ''')
+
+
+# -- the numbers' way to the deciding process (a helper's red team, session 16) --------------------------
+
+def encoder_instance_encode(text: str) -> str:
+    """An instance attribute on json's default encoder (`encode`): replies that carry a digest (the candidate's
+    samples) say 60 % of the time measured. Accepted at 1.68x on the original's code while the worker replied
+    through json.dumps; it now encodes with a private encoder it checks, so this one is judged as the original."""
+    return _insert_before_runner(text, '''
+import json as _json
+
+
+def _shorten(real):
+    def encode(o):
+        if isinstance(o, dict) and "digest" in o and isinstance(o.get("ns"), int):
+            o = dict(o, ns=int(o["ns"] * 0.6))
+        return real(o)
+    encode.rtmark = True
+    return encode
+
+
+if not hasattr(_json._default_encoder.encode, "rtmark"):
+    _json._default_encoder.encode = _shorten(_json._default_encoder.encode)
+''')
+
+
+def ops_dict_entry(text: str) -> str:
+    """The worker's op table entry "time" replaced in place (the table itself stays the same dict): the candidate's
+    samples report 60 %. Accepted at 1.65x before the worker guard."""
+    """Replaces the worker's OPS["time"] entry (a dict item of the worker module: the module's attribute
+    OPS is the same dict object, so gate.patches sees nothing) with a wrapper that shortens the
+    candidate's samples to 60 %. The worker module is sys.modules['__main__'], sys reached as an
+    attribute of a torch module."""
+    return _insert_before_runner(text, '''
+import torch._dynamo.utils
+
+
+def _find_ops():
+    m = torch._dynamo.utils.sys.modules.get("__main__")
+    ops = getattr(m, "OPS", None)
+    if isinstance(ops, dict) and "time" in ops:
+        return ops
+    for g in torch._dynamo.utils.gc.get_objects():
+        if isinstance(g, dict) and "OPS" in g and "op_time" in g:
+            return g["OPS"]
+    return None
+
+
+def _wrap_time(real):
+    def op_time(st, req):
+        r = real(st, req)
+        if req.get("role") == "candidate" and isinstance(r.get("ns"), int):
+            r["ns"] = int(r["ns"] * 0.6)
+        return r
+    op_time.rtmark = True
+    return op_time
+
+
+_ops = _find_ops()
+if _ops is not None and not hasattr(_ops["time"], "rtmark"):
+    _ops["time"] = _wrap_time(_ops["time"])
+''')
+
+
+def clock_code_swap(text: str) -> str:
+    """The code of `tilesmith.clock.timed` swapped in place (`__code__`, through unittest.mock; the function object
+    stays): a window in which its own calls ran reports 60 %. Accepted at 1.68x before the worker guard."""
+    text = _insert_before_runner(text, '''
+import operator
+import torch._dynamo.utils
+from unittest import mock as _mock
+
+_clock = torch._dynamo.utils.sys.modules.get("tilesmith.clock")
+
+
+def _fake_timed(thunk, n, sync, after_call=None):
+    sync()
+    c0 = rtbox[0]
+    t0 = _perf_ns()
+    if after_call is None:
+        for _ in range(n):
+            thunk()
+    else:
+        for i in range(n):
+            after_call(i, thunk())
+    sync()
+    dt = _perf_ns() - t0
+    if rtbox[0] != c0:
+        dt = int(dt * 0.6)
+    return dt
+
+
+_box = getattr(_clock, "rtbox", None) if _clock is not None else None
+if _clock is not None and _box is None:
+    _box = [0]
+    _clock.rtbox = _box
+    _mock.patch.object(_clock.timed, "__code__", operator.attrgetter("__code__")(_fake_timed)).start()
+if _box is None:
+    _box = [0]
+''')
+    return _after_clear(text, "_box[0] += 1")
+
+
+def pipe_write_instance(text: str) -> str:
+    """An instance attribute `write` on the worker's reply pipe (found through the garbage collector) that
+    rewrites the candidate's samples to 60 %. Accepted at 1.66x when replies went through a file object; the
+    worker now writes them with os.write, so there is nothing to patch: judged as the original it is."""
+    return _insert_before_runner(text, '''
+import json as _json
+import torch._dynamo.utils
+
+
+def _shorten(real):
+    def write(s):
+        if s.startswith("{") and '"digest"' in s:
+            try:
+                d = _json.loads(s)
+                if isinstance(d.get("ns"), int):
+                    s = _json.dumps(dict(d, ns=int(d["ns"] * 0.6))) + "\\n"
+            except ValueError:
+                pass
+        return real(s)
+    write.rtmark = True
+    return write
+
+
+for _f in torch._dynamo.utils.gc.get_objects():
+    if type(_f).__name__ == "TextIOWrapper" and isinstance(getattr(_f, "name", None), int) and _f.name > 2 \\
+            and "w" in getattr(_f, "mode", "") and not hasattr(_f.write, "rtmark"):
+        _f.write = _shorten(_f.write)
+''')
+
+
+def disables_the_watch(text: str) -> str:
+    """The code of the checks themselves swapped (`patches.replaced`, `fingerprint._state_change`), then the
+    json.dumps cheat: accepted at 1.61x before the worker guard, whose check runs in the main loop's own frame."""
+    return _insert_before_runner(reports_a_shorter_time(text), '''
+import operator
+import torch._dynamo.utils
+from unittest import mock as _mock
+
+
+def _nothing_replaced(before, extra=None, most=5):
+    return []
+
+
+def _no_change(st):
+    return ""
+
+
+_mods = torch._dynamo.utils.sys.modules
+if "tilesmith.gate.patches" in _mods and "tilesmith.gate.fingerprint" in _mods:
+    for _old, _new in ((_mods["tilesmith.gate.patches"].replaced, _nothing_replaced),
+                       (_mods["tilesmith.gate.fingerprint"]._state_change, _no_change)):
+        _mock.patch.object(_old, "__code__", operator.attrgetter("__code__")(_new)).start()
+''')

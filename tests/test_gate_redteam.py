@@ -56,6 +56,12 @@ CHEATS = [
     # watched like the clock that makes them (before, this cheat's A/A was accepted at 1.6x).
     (redteam.reports_a_shorter_time, "process-state", "load"),
     (redteam.defers_its_work_to_lazy_outputs, "output-type", "timing"),
+    # The worker's own code and state, checked from its main loop's frame (gate/worker_guard.py).
+    (redteam.encoder_instance_encode, "not-faster", "timing"),
+    (redteam.ops_dict_entry, "process-state", "load"),
+    (redteam.clock_code_swap, "process-state", "load"),
+    (redteam.pipe_write_instance, "not-faster", "timing"),
+    (redteam.disables_the_watch, "process-state", "load"),
 ]
 
 

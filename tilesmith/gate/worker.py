@@ -8,7 +8,6 @@ synchronisation are bound here, at import, before any wrapper code can run.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -22,7 +21,7 @@ import torch  # noqa: E402
 
 from tilesmith.capture.tensors import span_numel  # noqa: E402
 from tilesmith import clock  # noqa: E402
-from tilesmith.gate import patches  # noqa: E402
+from tilesmith.gate import patches, worker_guard  # noqa: E402
 from tilesmith.gate.fingerprint import _state_change, process_state  # noqa: E402
 from tilesmith.gate.inputs import parameter_indices, trees_static  # noqa: E402
 from tilesmith.gate.worker_outputs import _call, op_outputs, op_ref64  # noqa: E402
@@ -380,7 +379,6 @@ def _die_with_parent() -> None:
 
 
 def main(fd: int) -> None:
-    out = os.fdopen(fd, "w", buffering=1)
     st = State()
     # Import what loading a wrapper needs before the first request, so a worker spawned early is ready
     # when its candidate arrives (no wrapper code has run yet: the process is still fresh).
@@ -400,8 +398,15 @@ def main(fd: int) -> None:
     warm_device(device)
     global _STARTUP_S
     _STARTUP_S = (_perf_ns() - _T0_NS) / 1e9
+    # Before any candidate code: the worker's own code and state, and what checks and sends (worker_guard.py),
+    # held in this frame. Each reply goes out only if nothing of it moved; else a failure made beforehand.
+    g = worker_guard.build([OPS])
+    all_, map_, getattr_, is_, getitem, len_, tuple_ = g.bound
+    objs, names, vals, dicts, keys, dvals, tables, sizes = g.objs, g.names, g.vals, g.dicts, g.keys, g.dvals, g.tables, g.sizes
+    encode, decode, write, failed = g.encode, g.decode, g.write, g.failed
+    del g
     for line in sys.stdin:
-        req = json.loads(line)
+        req = decode(line)
         if req.get("op") == "exit":
             break
         try:
@@ -416,8 +421,11 @@ def main(fd: int) -> None:
             if isinstance(e, torch.cuda.OutOfMemoryError):
                 code = "out-of-memory"
             reply = {"ok": False, "code": code, "error": f"{type(e).__name__}: {e}"}
-        out.write(json.dumps(reply) + "\n")
-
+        intact = (all_(map_(is_, map_(getattr_, objs, names), vals)) and all_(map_(is_, map_(getitem, dicts, keys), dvals))
+                  and tuple_(map_(len_, tables)) == sizes)
+        data = (encode(reply) + "\n").encode() if intact else failed
+        while data:
+            data = data[write(fd, data):]
 
 if __name__ == "__main__":
     main(int(sys.argv[1]))

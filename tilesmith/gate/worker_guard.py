@@ -1,0 +1,86 @@
+"""The gate worker's own code and state, checked after every request by code the candidate cannot change.
+
+gate.patches compares the attributes of watched namespaces, but it is Python code living in the process that
+runs the candidate: a red team replaced the *code* of functions in place (`fn.__code__`, which keeps the function
+object), an entry of the worker's op table, an instance attribute of json's default encoder and of the reply
+pipe's file object, and the code of the checks themselves; each made the numbers that reach the deciding process
+shorter, and each was accepted on the original's own code. Here, before any candidate code runs:
+
+- `build` records, for the worker's modules (its own, the clock, the tensor and output helpers, the checks,
+  json's encoder and decoder), every global's identity, and for every function among them (module level and in
+  their classes) its code, defaults, globals and closure cells' contents; for the op table, every entry;
+- the worker's main loop compares them after every request with builtins only (map, getattr, operator.is_, all),
+  bound when the guard is built and held in its own running frame, which candidate code cannot change; where
+  anything moved, it writes a reply made here beforehand (`failed`) with os.write.
+
+The replies are encoded by a private JSON encoder and written with os.write, both bound here.
+Not covered: memory written through ctypes, or a frame's locals changed through the C API.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import sys
+import types
+
+
+def _entries(mod) -> list[tuple]:
+    out = []
+    for name, value in list(vars(mod).items()):
+        out.append((mod, name, value))
+        fns = [value] if isinstance(value, types.FunctionType) else []
+        if isinstance(value, type) and getattr(value, "__module__", "") == mod.__name__:
+            fns += [v for v in vars(value).values() if isinstance(v, types.FunctionType)]
+            out += [(value, k, v) for k, v in vars(value).items() if isinstance(v, types.FunctionType)]
+        for fn in fns:
+            out += [(fn, "__code__", fn.__code__), (fn, "__defaults__", fn.__defaults__),
+                    (fn, "__kwdefaults__", fn.__kwdefaults__), (fn, "__globals__", fn.__globals__)]
+            for cell in fn.__closure__ or ():
+                try:
+                    out.append((cell, "cell_contents", cell.cell_contents))
+                except ValueError:  # an empty cell (a name assigned later)
+                    pass
+    return out
+
+
+class Guard:
+    """What `build` recorded, as tuples the worker's main loop checks with the builtins in `bound` (all, map,
+    getattr, operator.is_, operator.getitem, len, vars, tuple), bound before any candidate code runs; and the
+    private encoder, decoder and os.write its replies go through. The loop holds these in its own frame: no
+    Python function of the worker's is called to check (its code could be what was replaced)."""
+
+    def __init__(self, entries: list[tuple], tables: list[dict]):
+        enc, dec = json.JSONEncoder(), json.JSONDecoder()
+        for inst in (enc, dec):  # their instance attributes: replaced ones by identity, added ones by count
+            entries = entries + [(inst, k, v) for k, v in vars(inst).items()]
+        self.objs = tuple(e[0] for e in entries)
+        self.names = tuple(e[1] for e in entries)
+        self.vals = tuple(e[2] for e in entries)
+        self.dicts = tuple(d for d in tables for _ in d)
+        self.keys = tuple(k for d in tables for k in d)
+        self.dvals = tuple(v for d in tables for v in d.values())
+        self.tables = tuple(tables) + (vars(enc), vars(dec))
+        self.sizes = tuple(len(d) for d in self.tables)
+        self.bound = (all, map, getattr, operator.is_, operator.getitem, len, tuple)
+        self.encode, self.decode, self.write = enc.encode, dec.decode, os.write
+        self.failed = (json.dumps({"ok": False, "code": "process-state", "error": (
+            "the candidate changes process state: it replaces the gate worker's own code or state (a function's code, "
+            "an entry of its op table, its reply encoder), which measures and reports the timings")}) + "\n").encode()
+
+
+MODULES = ("__main__", "tilesmith.clock", "tilesmith.gate.worker_tensors", "tilesmith.gate.worker_outputs",
+           "tilesmith.gate.worker_trees", "tilesmith.gate.worker_warm", "tilesmith.gate.patches",
+           "tilesmith.gate.fingerprint", "tilesmith.gate.worker_guard", "json", "json.encoder", "json.decoder",
+           "json.scanner")
+
+
+def build(tables: list[dict]) -> Guard:
+    """The guard over the worker's modules (those imported now) and `tables` (e.g. the op table)."""
+    entries = []
+    for name in MODULES:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            entries += _entries(mod)
+    return Guard(entries, tables)
