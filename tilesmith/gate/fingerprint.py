@@ -33,7 +33,16 @@ def process_state() -> dict:
           # Every thread that runs Python, also one started below `threading` (its bookkeeping misses those).
           "python_threads": threading.active_count(), "thread_states": len(sys._current_frames()), "affinity": sorted(os.sched_getaffinity(0))
           if hasattr(os, "sched_getaffinity") else [], "nice": os.getpriority(os.PRIO_PROCESS, 0),
-          "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+          "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+          # Modes left entered (a TorchFunctionMode or TorchDispatchMode sees, and can slow or answer, every op
+          # that runs after it), autocast, the attention kernels allowed, and how the scheduler treats the process.
+          "modes": [_ask(torch._C, "_len_torch_function_stack"), _ask(torch._C, "_len_torch_dispatch_stack")],
+          "autocast": [_ask(torch, "is_autocast_enabled", d) for d in ("cpu", "cuda")],
+          "sdp": [_ask(torch.backends.cuda, "flash_sdp_enabled"), _ask(torch.backends.cuda, "mem_efficient_sdp_enabled"),
+                  _ask(torch.backends.cuda, "math_sdp_enabled")],
+          "switch_interval": sys.getswitchinterval(),
+          "scheduler": [os.sched_getscheduler(0), os.sched_getparam(0).sched_priority]
+          if hasattr(os, "sched_getscheduler") else []}
     # Nothing about CUDA is asked at import: the zygote that workers fork from imports this module, and a
     # driver initialised there (torch.cuda.is_available() runs cuInit) leaves its children without CUDA.
     if torch.cuda.is_initialized():
@@ -41,6 +50,15 @@ def process_state() -> dict:
         st["cuda_stream"] = torch.cuda.current_stream().cuda_stream
         st["allocator"] = torch.cuda.get_allocator_backend()
     return st
+
+
+def _ask(obj, name: str, *args):
+    """obj.name(*args) where this torch has it, else None (the fingerprint's entries differ across versions)."""
+    fn = getattr(obj, name, None)
+    try:
+        return fn(*args) if fn is not None else None
+    except Exception:  # noqa: BLE001 - a query this build cannot answer is not a change
+        return None
 
 
 def _state_change(st: State) -> str:
