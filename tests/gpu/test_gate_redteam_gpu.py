@@ -82,3 +82,22 @@ def test_gpu_gate_rejects_work_left_running_between_calls(cuda_graph, tmp_path, 
     cand.write_text(text)
     v = judge(cuda_graph, cand, Policy(time_budget_s=4.0))
     assert not v.accepted and v.codes == [code], v.reasons
+
+
+@pytest.mark.parametrize("maker,code", [(redteam.reports_a_shorter_time, "process-state"),
+                                        (redteam.clock_code_swap, "process-state"),
+                                        (redteam.ops_dict_entry, "process-state"),
+                                        (redteam.defers_its_work_to_lazy_outputs, "output-type")],
+                         ids=["json-dumps", "clock-code", "op-table", "lazy-outputs"])
+def test_gpu_gate_rejects_forged_numbers_on_cuda(cuda_graph, tmp_path, monkeypatch, maker, code):
+    """The worker guard and the plain-tensor rule (gate/worker_guard.py, worker.op_time) on a CUDA worker: each
+    cheat is on the original's own code, so any acceptance is a forged speedup."""
+    from tilesmith.gate import Policy, judge, static
+
+    text = maker((cuda_graph / "wrapper.py").read_text())
+    assert static.screen(text) == []
+    monkeypatch.setattr(static, "screen", lambda t: [])
+    cand = tmp_path / "candidate.py"
+    cand.write_text(text)
+    v = judge(cuda_graph, cand, Policy(time_budget_s=4.0))
+    assert not v.accepted and v.codes == [code], v.reasons
