@@ -182,6 +182,36 @@ def test_report_notes_a_corrupt_baseline_profile_and_verdict_instead_of_crashing
     assert "note:" in r.stdout and "verdict_999.json" in r.stdout
 
 
+def test_report_says_why_a_cuda_graph_was_timed_without_the_programs_gap_and_when_it_was_timed_with_it(copied_run, tmp_path,
+                                                                                                   real_runs):
+    run = _jsonfile(copied_run / "run.json")
+    ws = tmp_path / "ws"
+    shutil.copytree(run["workspace"], ws)
+    run["workspace"] = str(ws)
+    (copied_run / "run.json").write_text(json.dumps(run))
+    key = next(iter(run["graphs"]))
+    meta_file = ws / "graphs" / key / "graph.json"
+    meta = _jsonfile(meta_file)
+    why = "the program waits for the GPU between calls (a synchronize, .item(), a copy to the host)"
+    meta["program_gap"] = {"device": "cuda:0", "usable": False, "why": why}
+    meta_file.write_text(json.dumps(meta))
+    (g,) = [g for g in build_report().graphs if g.key == key]
+    assert any(n.startswith("timed back to back") and why in n for n in g.notes), g.notes
+    meta["program_gap"] = {"device": "cpu", "usable": False, "why": "a CPU graph"}  # nothing to say on the CPU
+    meta_file.write_text(json.dumps(meta))
+    (g,) = [g for g in build_report().graphs if g.key == key]
+    assert not any("back to back" in n for n in g.notes)
+    # A verdict timed with the gap says how much the gate spent per call (the submit run's accepted verdict).
+    sub = paths.run_dir(real_runs.submit_id)
+    shutil.copytree(real_runs.home / "runs" / real_runs.submit_id, sub)
+    vf = next(sub.glob("*/profiles/verdict_*.json"))
+    v = _jsonfile(vf)
+    (v.get("confirmation") or v["first"])["timing"]["gap_us"] = 77.2
+    vf.write_text(json.dumps(v))
+    graphs = build_report(real_runs.submit_id).graphs
+    assert any("77.2 us of the program's own host time" in n for g in graphs for n in g.notes), [g.notes for g in graphs]
+
+
 def test_report_notes_when_the_workspace_is_gone(copied_run):
     run = _jsonfile(copied_run / "run.json")
     run["workspace"] = str(copied_run / "no-such-workspace")

@@ -39,6 +39,8 @@ def build_report(run_id: str | None = None) -> Report:
         mode, device = rs.compile_mode(run.get("workspace"), key, ws_graphs.get(key))
         g, cands = _graph(rdir, key, run["graphs"].get(key), ws_graphs.get(key), started, mode)
         g.compile_mode, g.device = mode, device
+        if note := rs.gap_note(run.get("workspace"), key):
+            g.notes.append(note)
         g.setting = rs.graph_setting(g, cands, rs.best_text(rdir / key, g.cached))
         graphs.append(g)
         candidates += cands

@@ -57,14 +57,28 @@ class ProgramSetting:
     note: str = ""  # what "reduce-overhead's replay" was, as the gate timed it
 
 
-def compile_mode(ws_path, key: str, info) -> tuple[str, str]:
-    """(compile mode, device) of one graph: its graph.json as the gate read it, else workspace.toml's
-    entry; ("", "") when neither can be read."""
+def _graph_json(ws_path, key: str) -> dict:
     try:
         meta = json.loads((Path(ws_path) / "graphs" / key / "graph.json").read_text()) if ws_path else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         meta = {}
-    if isinstance(meta, dict) and meta.get("compile_mode"):
+    return meta if isinstance(meta, dict) else {}
+
+
+def gap_note(ws_path, key: str) -> str:
+    """Why a CUDA graph was timed back to back rather than with the program's own host time between its calls
+    (graph.json program_gap, capture/gaps.py); "" where the gap was used, or is not known."""
+    gap = _graph_json(ws_path, key).get("program_gap")
+    if not isinstance(gap, dict) or gap.get("usable") is not False or not str(gap.get("device", "")).startswith("cuda"):
+        return ""
+    return f"timed back to back, not with the program's own host time between calls: {str(gap.get('why') or '')[:300]}"
+
+
+def compile_mode(ws_path, key: str, info) -> tuple[str, str]:
+    """(compile mode, device) of one graph: its graph.json as the gate read it, else workspace.toml's
+    entry; ("", "") when neither can be read."""
+    meta = _graph_json(ws_path, key)
+    if meta.get("compile_mode"):
         return str(meta["compile_mode"]), str(meta.get("device") or "")
     return (info.compile_mode, info.device) if info is not None else ("", "")
 
