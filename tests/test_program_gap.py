@@ -178,7 +178,7 @@ def test_the_worker_spends_the_gap_its_request_names_before_every_timed_call_of_
         worker.op_time_setup(st, {"sets_file": str(sets), "roles": [role], "mode": "launch", "buffers": 2})
         ns = worker.op_time(st, {"role": role, "reps": reps, "start": 0, "gap_ns": gap})["ns"]
         assert ns >= reps * gap  # a busy wait of at least `gap` before each call, inside the timed window
-    assert worker.MAX_GAP_NS == 50_000_000  # the parent's cap (gate.timed.program_gap_ns) is the worker's
+    assert worker.clock.MAX_GAP_NS == 50_000_000  # the parent's cap (gate.timed.program_gap_ns) is the worker's
 
 
 def test_a_sample_shorter_than_the_gap_it_had_to_spend_is_forged():

@@ -65,6 +65,9 @@ def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
     return _perf_ns() - t0
 
 
+MAX_GAP_NS = 50_000_000  # the program's host time between calls the gate spends per call, at most 50 ms
+
+
 def spin(ns: int) -> None:
     """Busy-waits `ns` nanoseconds on the host, holding the GIL as the Python it stands for would (the gate's
     stand-in for the program's own host time between a graph's calls: capture/gaps.py)."""

@@ -36,10 +36,11 @@ def build_report(run_id: str | None = None) -> Report:
     started = _parse_time(run.get("created"))
     graphs, candidates = [], []
     for key in keys:
-        mode, device = rs.compile_mode(run.get("workspace"), key, ws_graphs.get(key))
+        meta = rs.graph_json(run.get("workspace"), key)
+        mode, device = rs.compile_mode(meta, ws_graphs.get(key))
         g, cands = _graph(rdir, key, run["graphs"].get(key), ws_graphs.get(key), started, mode)
         g.compile_mode, g.device = mode, device
-        if note := rs.gap_note(run.get("workspace"), key):
+        if note := rs.gap_note(meta):
             g.notes.append(note)
         g.setting = rs.graph_setting(g, cands, rs.best_text(rdir / key, g.cached))
         graphs.append(g)

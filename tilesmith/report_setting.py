@@ -57,7 +57,8 @@ class ProgramSetting:
     note: str = ""  # what "reduce-overhead's replay" was, as the gate timed it
 
 
-def _graph_json(ws_path, key: str) -> dict:
+def graph_json(ws_path, key: str) -> dict:
+    """A graph's graph.json in the run's workspace; {} where it cannot be read."""
     try:
         meta = json.loads((Path(ws_path) / "graphs" / key / "graph.json").read_text()) if ws_path else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -65,19 +66,18 @@ def _graph_json(ws_path, key: str) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def gap_note(ws_path, key: str) -> str:
+def gap_note(meta: dict) -> str:
     """Why a CUDA graph was timed back to back rather than with the program's own host time between its calls
-    (graph.json program_gap, capture/gaps.py); "" where the gap was used, or is not known."""
-    gap = _graph_json(ws_path, key).get("program_gap")
+    (graph.json `meta`'s program_gap, capture/gaps.py); "" where the gap was used, or is not known."""
+    gap = meta.get("program_gap")
     if not isinstance(gap, dict) or gap.get("usable") is not False or not str(gap.get("device", "")).startswith("cuda"):
         return ""
     return f"timed back to back, not with the program's own host time between calls: {str(gap.get('why') or '')[:300]}"
 
 
-def compile_mode(ws_path, key: str, info) -> tuple[str, str]:
-    """(compile mode, device) of one graph: its graph.json as the gate read it, else workspace.toml's
+def compile_mode(meta: dict, info) -> tuple[str, str]:
+    """(compile mode, device) of one graph: its graph.json (`meta`) as the gate read it, else workspace.toml's
     entry; ("", "") when neither can be read."""
-    meta = _graph_json(ws_path, key)
     if meta.get("compile_mode"):
         return str(meta["compile_mode"]), str(meta.get("device") or "")
     return (info.compile_mode, info.device) if info is not None else ("", "")

@@ -40,18 +40,23 @@ def test_gpu_sandbox_has_namespaces_and_cuda_works_inside(tmp_path):
     assert total == 1024 and procs <= 3
 
 
-@pytest.mark.parametrize("mode", ["launch", "graph"])
-@pytest.mark.parametrize("maker", [redteam.stale_after_n_on_the_runner, redteam.degrades_every_kth_call],
-                         ids=["stale-after-n", "degrades-every-3rd"])
-def test_gpu_gate_checks_outputs_inside_the_timed_stream(cuda_graph, tmp_path, monkeypatch, mode, maker):
+def _judged_screen_off(graph, maker, tmp_path, monkeypatch, **policy):
+    """The cheat `maker` makes of the graph's wrapper (which the static screen passes), judged with the screen off."""
     from tilesmith.gate import Policy, judge, static
 
-    text = maker((cuda_graph / "wrapper.py").read_text())
+    text = maker((graph / "wrapper.py").read_text())
     assert static.screen(text) == []
     monkeypatch.setattr(static, "screen", lambda t: [])
     cand = tmp_path / "candidate.py"
     cand.write_text(text)
-    v = judge(cuda_graph, cand, Policy(mode=mode, time_budget_s=4.0))
+    return judge(graph, cand, Policy(**{"time_budget_s": 4.0, **policy}))
+
+
+@pytest.mark.parametrize("mode", ["launch", "graph"])
+@pytest.mark.parametrize("maker", [redteam.stale_after_n_on_the_runner, redteam.degrades_every_kth_call],
+                         ids=["stale-after-n", "degrades-every-3rd"])
+def test_gpu_gate_checks_outputs_inside_the_timed_stream(cuda_graph, tmp_path, monkeypatch, mode, maker):
+    v = _judged_screen_off(cuda_graph, maker, tmp_path, monkeypatch, mode=mode)
     assert v.sandbox == "namespaces"
     assert not v.accepted and v.codes == ["wrong-values-in-timing"] and v.stage == "timing", v.reasons
 
@@ -73,14 +78,7 @@ def test_gpu_gate_still_accepts_a_real_win_with_checked_timed_calls(cuda_graph, 
 def test_gpu_gate_rejects_work_left_running_between_calls(cuda_graph, tmp_path, monkeypatch, maker, code):
     """A hog that runs whenever the candidate does not: caught by the thread count in the fingerprint, or,
     in a process of its own, by the CPU time of the candidate worker's tree while the original is timed."""
-    from tilesmith.gate import Policy, judge, static
-
-    text = maker((cuda_graph / "wrapper.py").read_text())
-    assert static.screen(text) == []
-    monkeypatch.setattr(static, "screen", lambda t: [])
-    cand = tmp_path / "candidate.py"
-    cand.write_text(text)
-    v = judge(cuda_graph, cand, Policy(time_budget_s=4.0))
+    v = _judged_screen_off(cuda_graph, maker, tmp_path, monkeypatch)
     assert not v.accepted and v.codes == [code], v.reasons
 
 
@@ -92,12 +90,5 @@ def test_gpu_gate_rejects_work_left_running_between_calls(cuda_graph, tmp_path, 
 def test_gpu_gate_rejects_forged_numbers_on_cuda(cuda_graph, tmp_path, monkeypatch, maker, code):
     """The worker guard and the plain-tensor rule (gate/worker_guard.py, worker.op_time) on a CUDA worker: each
     cheat is on the original's own code, so any acceptance is a forged speedup."""
-    from tilesmith.gate import Policy, judge, static
-
-    text = maker((cuda_graph / "wrapper.py").read_text())
-    assert static.screen(text) == []
-    monkeypatch.setattr(static, "screen", lambda t: [])
-    cand = tmp_path / "candidate.py"
-    cand.write_text(text)
-    v = judge(cuda_graph, cand, Policy(time_budget_s=4.0))
+    v = _judged_screen_off(cuda_graph, maker, tmp_path, monkeypatch)
     assert not v.accepted and v.codes == [code], v.reasons

@@ -66,7 +66,6 @@ class GapWatch:
                 watch._exit(key, st)
 
         call.__name__ = getattr(fn, "__name__", "call")
-        call._tilesmith_gap_of = fn  # type: ignore[attr-defined]
         return call
 
     def _enter(self, key: str, st: dict) -> None:

@@ -83,7 +83,9 @@ def program_gap_ns(meta: dict, device: str, policy) -> int:
         us = float(gap.get("host_us") or 0.0)
     except (TypeError, ValueError):
         return 0
-    return int(min(max(us, 0.0), 50_000.0) * 1e3)
+    from tilesmith.clock import MAX_GAP_NS
+
+    return int(min(max(us * 1e3, 0.0), MAX_GAP_NS))
 
 
 class CandidateTreesFailed(Exception):

@@ -31,7 +31,6 @@ from tilesmith.gate.worker_warm import warm_device, warm_inductor  # noqa: E402
 _CUDA = torch.cuda.is_available()
 _spin = clock.spin  # bound before any candidate code runs, as the sync is
 _TENSOR = torch.Tensor
-MAX_GAP_NS = 50_000_000  # a program's host time between calls spent in the gate, at most 50 ms per call
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
 
 
@@ -205,7 +204,7 @@ def op_time(st: State, req: dict) -> dict:
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     # The program's own host time before each call (gate.timed.program_gap_ns), read from this request before
     # any candidate code runs in it; the parent rejects a sample shorter than its calls' share of it.
-    gap = max(0, min(MAX_GAP_NS, int(req.get("gap_ns") or 0)))
+    gap = max(0, min(clock.MAX_GAP_NS, int(req.get("gap_ns") or 0)))
     ours = role == "candidate"  # the outputs kept for checks are the candidate's (the baseline may run here too)
     # The parent's word on the last candidate sample comes with the next request to this worker, whatever
     # its role: its kept outputs go to disk or are dropped before anything else runs here (held in memory
@@ -232,12 +231,7 @@ def op_time(st: State, req: dict) -> dict:
 
     def draw(i: int, out) -> None:  # reservoir sampling, drawn after the call returned
         seen["last"] = out
-        # Every timed call's outputs are plain tensors: a tensor subclass can return at once and do the work
-        # only when a value is read, after the clock stopped (a red-team cheat was accepted at 27x that way:
-        # the two kept calls were forced, right, by the digest; no other call ever ran).
-        for o in (out if isinstance(out, (list, tuple)) else (out,)):
-            if isinstance(o, _TENSOR) and type(o) is not _TENSOR:
-                seen["odd"] = type(o).__name__
+        seen["odd"] = seen["odd"] or _not_plain(out)
         if int.from_bytes(_urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
             # Only the candidate's kept outputs are checked: the baseline's copy (a clone in graph and trees
             # modes, inside its timed sample) would be a cost only the baseline pays.
@@ -263,6 +257,17 @@ def op_time(st: State, req: dict) -> dict:
         reply["digest"] = outputs_digest(st.pending["outputs"])
     seen["last"] = None
     return reply
+
+
+def _not_plain(out) -> str:
+    """The type name of the first output that is a tensor subclass, else "". Every timed call's outputs are plain
+    tensors: a subclass can return at once and do the work only when a value is read, after the clock stopped (a
+    red-team cheat was accepted at 27x that way: the two kept calls were forced, right, by the digest; no other
+    call ever ran)."""
+    for o in (out if isinstance(out, (list, tuple)) else (out,)):
+        if isinstance(o, _TENSOR) and type(o) is not _TENSOR:
+            return type(o).__name__
+    return ""
 
 
 def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:
