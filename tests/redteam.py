@@ -531,3 +531,79 @@ if "tilesmith.gate.patches" in _mods and "tilesmith.gate.fingerprint" in _mods:
                        (_mods["tilesmith.gate.fingerprint"]._state_change, _no_change)):
         _mock.patch.object(_old, "__code__", operator.attrgetter("__code__")(_new)).start()
 ''')
+
+
+def restores_its_patch_before_the_check(text: str) -> str:
+    """Each call sets `tilesmith.clock._perf_ns` (the clock `clock.timed` reads when its window ends) to a fake
+    that takes 40 % off the time since it was set and puts the real clock back as it answers: the worker
+    guard, which compares the worker's globals after the request, finds them as recorded. Armed only inside a
+    timed window. A time-of-check, time-of-use hole in the guard: the window's end read a global after candidate
+    code had run."""
+    text = _insert_before_runner(text, '''
+import operator
+import torch._dynamo.utils
+
+_clock = torch._dynamo.utils.sys.modules.get("tilesmith.clock")
+_real = operator.attrgetter("_perf_ns")(_clock) if _clock is not None else None
+_sys = torch._dynamo.utils.sys
+
+
+def _in_window():
+    """Whether a timed window runs this call (a frame of `clock.timed` below it), which reads the clock after
+    it: armed anywhere else, a fake left over when the request ends would be found by the guard."""
+    f = operator.attrgetter("_getframe")(_sys)(1)
+    while f is not None and f.f_code.co_name != "timed":
+        f = operator.attrgetter("f_back")(f)
+    return f is not None
+
+
+def _fake():
+    now = _real()
+    _clock._perf_ns = _real
+    return now - int(0.4 * (now - _fake.since))
+
+
+def _arm():
+    if _clock is not None and _clock._perf_ns is _real and _in_window():
+        _fake.since = _real()
+        _clock._perf_ns = _fake
+''')
+    return _after_clear(text, "_arm()")
+
+
+def moves_the_clocks_start_in_its_frame(text: str) -> str:
+    """Each call finds the frame of `clock.timed` running it and moves that frame's start time `t0` forward by
+    40 % of what has elapsed (frame locals written back through ctypes, PyFrame_LocalsToFast): the window the
+    worker reports is 60 % of the one it ran. No global, no function, no object the worker guard records is
+    touched; only a bound the parent measures itself can see it."""
+    text = _insert_before_runner(text, '''
+import operator
+import torch._dynamo.utils
+
+_ag = operator.attrgetter
+_sys = torch._dynamo.utils.sys
+_ct = _sys.modules.get("ctypes")
+_to_fast = getattr(_ag("pythonapi")(_ct), "PyFrame_LocalsToFast", None) if _ct is not None else None
+
+
+def _make_arm(starts):
+    def arm():
+        f = _ag("_getframe")(_sys)(1)
+        while f is not None and not (f.f_code.co_name == "timed" and "t0" in _ag("f_locals")(f)):
+            f = _ag("f_back")(f)
+        if f is None or _to_fast is None:
+            return
+        loc = _ag("f_locals")(f)
+        start, wrote = starts.get(id(f), (None, None))
+        if wrote != loc["t0"]:  # a new window
+            start = loc["t0"]
+        now = _ag("perf_counter_ns")(_sys.modules["time"])()
+        loc["t0"] = start + int(0.4 * (now - start))
+        starts[id(f)] = (start, loc["t0"])
+        _to_fast(_ct.py_object(f), _ct.c_int(1))
+    return arm
+
+
+_arm = _make_arm({})
+''')
+    return _after_clear(text, "_arm()")

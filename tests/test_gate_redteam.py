@@ -62,6 +62,12 @@ CHEATS = [
     (redteam.clock_code_swap, "process-state", "load"),
     (redteam.pipe_write_instance, "not-faster", "timing"),
     (redteam.disables_the_watch, "process-state", "load"),
+    # A window's end read the clock through a global after candidate code ran: a fake that puts the real one back
+    # as it answers left nothing for the guard to find (accepted at ...x before the clock was bound first).
+    (redteam.restores_its_patch_before_the_check, "not-faster", "timing"),
+    # The window's start moved in the running frame through ctypes: only the parent's own measure of the window
+    # sees it (accepted at ...x before the parent bounded every sample by the window it saw).
+    (redteam.moves_the_clocks_start_in_its_frame, "timing-forged", "timing"),
 ]
 
 
