@@ -594,12 +594,15 @@ def _make_arm(starts):
         if f is None or _to_fast is None:
             return
         loc = _ag("f_locals")(f)
-        start, wrote = starts.get(id(f), (None, None))
+        start, wrote, calls = starts.get(id(f), (None, None, 0))
         if wrote != loc["t0"]:  # a new window
-            start = loc["t0"]
+            start, calls = loc["t0"], 0
         now = _ag("perf_counter_ns")(_sys.modules["time"])()
-        loc["t0"] = start + int(0.4 * (now - start))
-        starts[id(f)] = (start, loc["t0"])
+        if calls:  # one call's time, from this window's calls so far, else from the last window's
+            starts["per_call"] = (now - start) / calls
+        # 40 % of the window so far and of the call about to run: with one or two calls a sample, still 40 %.
+        loc["t0"] = start + int(0.4 * (now - start + starts.get("per_call", 0)))
+        starts[id(f)] = (start, loc["t0"], calls + 1)
         _to_fast(_ct.py_object(f), _ct.c_int(1))
     return arm
 

@@ -62,11 +62,12 @@ CHEATS = [
     (redteam.clock_code_swap, "process-state", "load"),
     (redteam.pipe_write_instance, "not-faster", "timing"),
     (redteam.disables_the_watch, "process-state", "load"),
-    # A window's end read the clock through a global after candidate code ran: a fake that puts the real one back
-    # as it answers left nothing for the guard to find (accepted at ...x before the clock was bound first).
-    (redteam.restores_its_patch_before_the_check, "not-faster", "timing"),
-    # The window's start moved in the running frame through ctypes: only the parent's own measure of the window
-    # sees it (accepted at ...x before the parent bounded every sample by the window it saw).
+    # A window's end read the clock through a global after candidate code ran: a fake that put the real one back
+    # as it answered left nothing for the guard to find (accepted at 1.61x, low 1.52x, confirmed). The window now
+    # reads a clock bound before any candidate call of the request; the fake is never read, and the guard finds it.
+    (redteam.restores_its_patch_before_the_check, "process-state", "timing"),
+    # The window's start moved in the running frame through ctypes (accepted at 1.44x, low 1.40x, confirmed): no
+    # state the guard records changes; the parent's own measure of each window (the worker's marks) sees it.
     (redteam.moves_the_clocks_start_in_its_frame, "timing-forged", "timing"),
 ]
 

@@ -363,3 +363,38 @@ def test_the_kept_outputs_digest_sees_every_value_and_is_the_same_for_a_copy():
     assert outputs_digest([[changed, *cases[0][1:]]]) != d
     assert outputs_digest([[base.reshape(6, 4), *cases[0][1:]]]) != d  # same bytes, another shape
     assert outputs_digest([[base.float(), *cases[0][1:]]]) != d
+
+
+def test_samples_shorter_than_the_windows_the_parent_saw_are_forged_beyond_the_originals_shortfall():
+    """gate.timing.forged_window: the worker marks each window on its reply pipe; the candidate's samples may fall
+    short of the windows the parent saw only as much as the original's do in its own worker, plus a little."""
+    c_ns = [1_000_000] * 20
+    honest = {"apart": [4_000, 6_000, 30_000] * 5, "candidate": [5_000, 7_000, 9_000] * 5, "beside": []}
+    assert timing.forged_window(honest, c_ns) is None
+    forged = {"apart": [4_000, 6_000, 30_000] * 5, "candidate": [400_000, 410_000, 390_000] * 5, "beside": []}
+    bad = timing.forged_window(forged, c_ns)
+    assert bad.code == "timing-forged" and "400 us shorter" in bad.message
+    # The slack is the larger of an absolute one and a share of the candidate's sample.
+    slack = max(timing.FORGED_MIN_NS, timing.FORGED_SHARE * 1_000_000)
+    edge = {"apart": [0] * 5, "candidate": [slack - 1_000] * 5}
+    assert timing.forged_window(edge, c_ns) is None
+    assert timing.forged_window({"apart": [0] * 5, "candidate": [slack + 1_000] * 5}, c_ns).code == "timing-forged"
+    assert timing.forged_window({"apart": [0, 0], "candidate": [10**9] * 5}, c_ns) is None  # too few to judge
+
+
+def test_a_gate_worker_sample_needs_both_window_marks_and_reports_its_shortfall():
+    class Worker:  # a gate worker answers a time request after marking its window twice
+        def __init__(self, marks):
+            self.marks_given = marks
+
+        def request(self, msg, timeout_s):
+            self.marks = list(self.marks_given)
+            time.sleep(0.001)  # the sample's own time, inside the request's wall time
+            return {"ns": 900}
+
+    short = []
+    ns, bad, _ = timing._sample(Worker([100, 1_100]), {"op": "time", "reps": 1}, 5.0, short)
+    assert ns == 900 and bad is None and short == [100]
+    for marks in ([], [100], [1, 2, 3]):
+        ns, bad, _ = timing._sample(Worker(marks), {"op": "time", "reps": 1}, 5.0, [])
+        assert ns is None and bad.code == "timing-forged" and "window marks" in bad.message

@@ -70,6 +70,10 @@ def test_gpu_gate_still_accepts_a_real_win_with_checked_timed_calls(cuda_graph, 
     v = judge(slow, cand, Policy(time_budget_s=8.0))
     assert v.accepted, v.reasons
     assert v.first.timing.checked_calls >= 2 and v.confirmation.timing.checked_calls >= 2
+    for t in (v.first.timing, v.confirmation.timing):  # an honest candidate's windows, as the parent saw them
+        print(f"window shortfall: candidate {t.window_short_us:.1f} us, original apart {t.window_short_original_us:.1f} "
+              f"us, sample {t.candidate_ms * t.calls_per_sample * 1e3:.0f} us")
+        assert t.window_short_us != 0.0 and t.window_short_original_us != 0.0  # both measured
 
 
 @pytest.mark.parametrize("maker,code", [(redteam.hogs_the_cores_from_a_raw_thread, "process-state"),
@@ -85,10 +89,13 @@ def test_gpu_gate_rejects_work_left_running_between_calls(cuda_graph, tmp_path, 
 @pytest.mark.parametrize("maker,code", [(redteam.reports_a_shorter_time, "process-state"),
                                         (redteam.clock_code_swap, "process-state"),
                                         (redteam.ops_dict_entry, "process-state"),
-                                        (redteam.defers_its_work_to_lazy_outputs, "output-type")],
-                         ids=["json-dumps", "clock-code", "op-table", "lazy-outputs"])
+                                        (redteam.defers_its_work_to_lazy_outputs, "output-type"),
+                                        (redteam.restores_its_patch_before_the_check, "process-state"),
+                                        (redteam.moves_the_clocks_start_in_its_frame, "timing-forged")],
+                         ids=["json-dumps", "clock-code", "op-table", "lazy-outputs", "self-restoring", "frame-locals"])
 def test_gpu_gate_rejects_forged_numbers_on_cuda(cuda_graph, tmp_path, monkeypatch, maker, code):
-    """The worker guard and the plain-tensor rule (gate/worker_guard.py, worker.op_time) on a CUDA worker: each
-    cheat is on the original's own code, so any acceptance is a forged speedup."""
+    """The worker guard, the plain-tensor rule and the parent's own measure of each window (gate/worker_guard.py,
+    worker.op_time, timing.forged_window) on a CUDA worker: each cheat is on the original's own code, so any
+    acceptance is a forged speedup."""
     v = _judged_screen_off(cuda_graph, maker, tmp_path, monkeypatch)
     assert not v.accepted and v.codes == [code], v.reasons

@@ -19,6 +19,7 @@ import weakref
 from pathlib import Path
 
 from tilesmith import forked, sandbox
+from tilesmith.clock import WINDOW_MARK
 from tilesmith.gate.procfs import tree_cpu_ns
 from tilesmith.sandbox import _SECRET
 
@@ -76,9 +77,13 @@ class Worker:
         self._r = r
         self._buf = b""
         self._closed = False
+        self.marks: list[int] = []  # when the last request's window marks arrived (perf_counter_ns, this process)
 
     def request(self, msg: dict, timeout_s: float) -> dict:
-        """Send one request and wait for its reply; raises WorkerFailure (and kills the worker) on any failure."""
+        """Send one request and wait for its reply; raises WorkerFailure (and kills the worker) on any failure.
+        The window marks a timed request writes before its reply (worker.WINDOW_MARK) are taken off the pipe
+        as they arrive; `self.marks` holds the times they came, for the parent's own measure of the window."""
+        self.marks = []
         try:
             self.proc.stdin.write((json.dumps(msg) + "\n").encode())
             self.proc.stdin.flush()
@@ -109,13 +114,26 @@ class Worker:
             ready, _, _ = select.select([self._r], [], [], min(left, 1.0))
             if ready:
                 chunk = os.read(self._r, 1 << 20)
+                now = time.perf_counter_ns()
                 if not chunk:
                     raise self._fail("crashed", "the worker died")
                 self._buf += chunk
+                while self._buf[:1] == WINDOW_MARK:  # a mark starts the buffer only between replies
+                    self._buf = self._buf[1:]
+                    self.marks.append(now)
+                    self._answer_mark()
                 if len(self._buf) > 64 << 20:
                     raise self._fail("protocol", "the worker's answer is too long")
         line, self._buf = self._buf.split(b"\n", 1)
         return line
+
+    def _answer_mark(self) -> None:
+        """The worker waits for an empty line after each window mark (worker._mark)."""
+        try:
+            self.proc.stdin.write(b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._fail("crashed", "the worker exited inside a timed window") from None
 
     def _fail(self, code: str, message: str) -> WorkerFailure:
         self.kill()

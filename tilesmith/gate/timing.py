@@ -95,14 +95,24 @@ class CheckedSample:
     digest: int | None = None  # the worker's CRC of the sample's kept outputs, sent with the sample
 
 
-def _sample(worker, msg: dict, timeout_s: float) -> tuple[int | None, Reason | None, dict]:
+def _sample(worker, msg: dict, timeout_s: float, short: list | None = None) -> tuple[int | None, Reason | None, dict]:
     """One timed sample; its raw total must be a positive int inside the wall time the parent measured, and
-    no shorter than the host time the request asked to be spent before its calls (msg's gap_ns per call)."""
+    no shorter than the host time the request asked to be spent before its calls (msg's gap_ns per call).
+    The worker marks its window as it opens and closes (clock.WINDOW_MARK); where it is a gate worker (one
+    with `marks`), both marks must have come, and `short` gets how much shorter the sample is than the window
+    this process saw (ns; forged_window compares the candidate's with the original's)."""
     w0 = time.perf_counter_ns()
     reply = worker.request(msg, timeout_s=timeout_s)
     wall = time.perf_counter_ns() - w0
     ns = reply.get("ns")
     bad = check_sample(ns, wall, int(msg.get("gap_ns") or 0) * int(msg.get("reps") or 1))
+    marks = getattr(worker, "marks", None)
+    if not bad and marks is not None:
+        if len(marks) != 2:
+            bad = Reason("timing-forged", f"the timing worker's sample came with {len(marks)} window marks, not 2: "
+                                          "the window it reports cannot be checked against the one it ran")
+        elif short is not None:
+            short.append(marks[1] - marks[0] - ns)
     return (None, bad, reply) if bad else (ns, None, reply)
 
 
@@ -155,6 +165,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     kept: list[CheckedSample] = []
     pending: dict = {}  # the check draw of the candidate's last sample, until sent to its worker
     idle = {"cpu": 0, "wall": 0}  # the candidate's worker, while the timer's samples ran (ns)
+    short: dict = {"apart": [], "candidate": [], "beside": []}  # sample shorter than its marked window (ns)
     k = 0
     start = time.monotonic()
     batch = policy.min_rounds
@@ -166,7 +177,8 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
             # The budget is also checked between rounds: on a loaded machine a batch sized at the rate
             # measured so far can take several times longer (a 10 s budget ran 28.9 s).
             last = r == batch - 1 or time.monotonic() - start > policy.time_budget_s
-            bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, last=last, gap_ns=gap_ns)
+            bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, last=last, gap_ns=gap_ns,
+                         short=short)
             if bad:
                 return None, [bad], kept
             k += reps
@@ -179,9 +191,12 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
             break
         batch = _next_batch(policy, state, spent, len(b_all), idle)
     est = min(apart, near or apart, key=lambda e: e.low)  # the binding comparison is the one reported
-    busy = _busy(idle)
-    return (_summary(mode, reps, buffers, est, apart, near, b_all, c_all, i_all, idle),
-            [busy] if busy else _reasons(policy, state, est, apart, near, b_all), kept)
+    t = _summary(mode, reps, buffers, est, apart, near, b_all, c_all, i_all, idle)
+    if short["candidate"] and short["apart"]:
+        t.window_short_us = statistics.median(short["candidate"]) / 1e3
+        t.window_short_original_us = statistics.median(short["apart"]) / 1e3
+    bad = _busy(idle) or forged_window(short, c_all)
+    return t, [bad] if bad else _reasons(policy, state, est, apart, near, b_all), kept
 
 
 def _next_batch(policy, state: str, spent: float, rounds: int, idle: dict) -> int:
@@ -206,6 +221,37 @@ def _summary(mode: str, reps: int, buffers: int, est: Estimate, apart: Estimate,
                   beside_ns=i_all, idle_cpu_ms=idle["cpu"] / 1e6, idle_wall_ms=idle["wall"] / 1e6)
 
 
+# A candidate's samples may fall short of the windows the parent saw by at most this much more than the
+# original's do in its own worker (medians): the largest of an absolute slack, a share of the candidate's sample,
+# and the spread (interquartile range) of the original's shortfalls, which grows on a loaded machine.
+# Measured on the 2-core VM (handshake marks, ~2 ms samples): 111-169 us short for the original, within 10 us of
+# an honest candidate's; 973 us for a candidate reporting 60 % of its window (RESULTS.md).
+FORGED_MIN_NS = 30_000
+FORGED_SHARE = 0.04
+
+
+def forged_window(short: dict, c_ns: list) -> Reason | None:
+    """timing-forged when the candidate's samples are shorter than the windows this process saw them take (the
+    worker marks each window on its reply pipe as it opens and closes) by more than the original's are in its
+    own worker, beyond the slack (FORGED_MIN_NS, FORGED_SHARE, the spread of the original's). Each mark waits for
+    this process's answer before the worker goes on (worker._mark), so the window it reports lies inside the one
+    seen here, and an honest sample falls short by the same round trips whatever code it timed; a number made
+    smaller inside the worker's process (its clock rebound, the window's start moved in its frame, the reply
+    rewritten) cannot also move the times the marks arrived here."""
+    c, a = short.get("candidate") or [], short.get("apart") or []
+    if len(c) < 3 or len(a) < 3:
+        return None
+    mc, ma = statistics.median(c), statistics.median(a)
+    q = statistics.quantiles(a, n=4)
+    allowed = max(FORGED_MIN_NS, FORGED_SHARE * statistics.median(c_ns), q[2] - q[0])
+    if mc - ma <= allowed:
+        return None
+    return Reason("timing-forged", f"the candidate's samples were {mc / 1e3:.0f} us shorter than the windows the "
+                                   f"deciding process saw them take (median of {len(c)}; the original's in its own "
+                                   f"worker {ma / 1e3:.0f} us, {allowed / 1e3:.0f} us more allowed): the time it "
+                                   "reports is not the time it ran")
+
+
 def _busy(idle: dict) -> Reason | None:
     """background-work when the candidate's processes ran while they should have been idle."""
     if idle["wall"] and idle["cpu"] > IDLE_CPU_MIN_NS and idle["cpu"] > IDLE_CPU_SHARE * idle["wall"]:
@@ -216,7 +262,7 @@ def _busy(idle: dict) -> Reason | None:
 
 
 def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, timeout_s: float,
-           kept: list, pending: dict, idle: dict, last: bool, gap_ns: int = 0) -> Reason | None:
+           kept: list, pending: dict, idle: dict, last: bool, gap_ns: int = 0, short: dict | None = None) -> Reason | None:
     """One sample of each side, with fresh input values; the candidate's sample is checked when the draw
     says so (or `last`: the batch's last round). The draw is made when its sample is back, and sent with
     the next request to the candidate's worker (`pending`), which acts on it before anything else.
@@ -233,7 +279,8 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
             msg["keep"] = pending.pop("keep", False)  # the word on its last candidate sample, drawn already
         watch = w is not cand and hasattr(cand, "cpu_ns")
         c0, w0 = (cand.cpu_ns(), time.perf_counter_ns()) if watch else (0, 0)
-        ns, bad, reply = _sample(w, msg, timeout_s)
+        side = "candidate" if role == "candidate" else "beside" if w is cand else "apart"
+        ns, bad, reply = _sample(w, msg, timeout_s, short[side] if short is not None else None)
         if watch:
             idle["wall"] += time.perf_counter_ns() - w0
             idle["cpu"] += cand.cpu_ns() - c0

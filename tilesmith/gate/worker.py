@@ -8,6 +8,7 @@ synchronisation are bound here, at import, before any wrapper code can run.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -30,6 +31,10 @@ from tilesmith.gate.worker_warm import warm_device, warm_inductor  # noqa: E402
 
 _CUDA = torch.cuda.is_available()
 _spin = clock.spin  # bound before any candidate code runs, as the sync is
+_timed = clock.timed
+_clock_ns = clock._perf_ns
+_write = os.write
+_REPLY_FD = -1  # the pipe replies go to (main sets it before the worker guard records this module)
 _TENSOR = torch.Tensor
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
 
@@ -201,6 +206,14 @@ def op_time(st: State, req: dict) -> dict:
     far (reservoir sampling: every call of the sample equally likely): drawn after the call returns, so
     no call can know whether it will be checked. The kept call and the last call stay pending; the next
     request says whether the parent wants them (`keep`)."""
+    # Everything this request uses after candidate code has run, bound first (a global read later could hold a
+    # replacement that puts the original back before the guard looks: a red-team cheat did that to the clock).
+    timed, perf, spin, sync, urandom = _timed, _clock_ns, _spin, _device_sync, _urandom
+    not_plain, snapshot, digest = _not_plain, _snapshot, outputs_digest
+    # The parent's own measure of the window (none where op_time runs without a parent, in a test's process):
+    # each mark is answered by an empty line on stdin, which this process waits for, so the parent reads the
+    # mark at once (this process gives up its core meanwhile) and the window starts after the parent saw it.
+    mark = functools.partial(_mark, _REPLY_FD, clock.WINDOW_MARK, _write, sys.stdin.readline) if _REPLY_FD >= 0 else None
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     # The program's own host time before each call (gate.timed.program_gap_ns), read from this request before
     # any candidate code runs in it; the parent rejects a sample shorter than its calls' share of it.
@@ -231,18 +244,17 @@ def op_time(st: State, req: dict) -> dict:
 
     def draw(i: int, out) -> None:  # reservoir sampling, drawn after the call returned
         seen["last"] = out
-        seen["odd"] = seen["odd"] or _not_plain(out)
-        if int.from_bytes(_urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
+        seen["odd"] = seen["odd"] or not_plain(out)
+        if int.from_bytes(urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
             # Only the candidate's kept outputs are checked: the baseline's copy (a clone in graph and trees
             # modes, inside its timed sample) would be a cost only the baseline pays.
-            seen["kept"], seen["kept_i"] = (_snapshot(out, graph) if ours else None), i
+            seen["kept"], seen["kept_i"] = (snapshot(out, graph) if ours else None), i
 
-    spin = _spin
     with torch.no_grad():
         if gap:  # the program's own host time before each call (gate.timed.program_gap_ns): the GPU runs on meanwhile
-            ns = clock.timed(lambda: (spin(gap), next(calls)())[1], reps, _device_sync, draw)
+            ns = timed(lambda: (spin(gap, perf), next(calls)())[1], reps, sync, draw, mark, perf)
         else:
-            ns = clock.timed(lambda: next(calls)(), reps, _device_sync, draw)
+            ns = timed(lambda: next(calls)(), reps, sync, draw, mark, perf)
     if seen["odd"]:
         from tilesmith.errors import TilesmithError
 
@@ -251,12 +263,18 @@ def op_time(st: State, req: dict) -> dict:
     reply = {"ns": ns}
     if ours:
         st.pending = {"start": k, "calls": [seen["kept_i"], reps - 1],
-                      "outputs": [seen["kept"], _snapshot(seen["last"], graph)]}
+                      "outputs": [seen["kept"], snapshot(seen["last"], graph)]}
         # Bound now, before any more candidate code runs: the kept outputs go to a file in the candidate's
         # own folder and reach the parent later (gate.timed._timing_checks compares).
-        reply["digest"] = outputs_digest(st.pending["outputs"])
+        reply["digest"] = digest(st.pending["outputs"])
     seen["last"] = None
     return reply
+
+
+def _mark(fd: int, mark: bytes, write, readline) -> None:
+    """A window mark to the parent, then its answer (timing._sample; every argument bound before candidate code ran)."""
+    write(fd, mark)
+    readline()
 
 
 def _not_plain(out) -> str:
@@ -401,8 +419,9 @@ def main(fd: int) -> None:
     device = os.environ.get("TILESMITH_GATE_DEVICE", "cpu")
     warm_inductor(device)
     warm_device(device)
-    global _STARTUP_S
+    global _STARTUP_S, _REPLY_FD
     _STARTUP_S = (_perf_ns() - _T0_NS) / 1e9
+    _REPLY_FD = fd
     # Before any candidate code: the worker's own code and state, and what checks and sends (worker_guard.py),
     # held in this frame. Each reply goes out only if nothing of it moved; else a failure made beforehand.
     g = worker_guard.build([OPS])
