@@ -415,3 +415,14 @@ def _png_pixels(data: bytes) -> list[tuple[int, int, int]]:
         out += [tuple(line[i:i + 3]) for i in range(0, stride, bpp)]
         prev = line
     return out
+
+
+def test_report_says_how_far_the_accepted_samples_fell_short_of_the_windows_the_gate_saw(real_runs):
+    """The submit run's accepted verdict was timed by the real gate: each sample's window was marked on the
+    worker's reply pipe and measured by the deciding process (gate.timing.forged_window)."""
+    graphs = build_report(real_runs.submit_id).graphs
+    notes = [n for g in graphs for n in g.notes if n.startswith("accepted samples checked against the windows")]
+    assert notes, [g.notes for g in graphs]
+    vf = next((real_runs.home / "runs" / real_runs.submit_id).glob("*/profiles/verdict_*.json"))
+    t = (lambda v: (v.get("confirmation") or v["first"])["timing"])(_jsonfile(vf))
+    assert t["window_short_original_us"] > 0 and f"the original's {t['window_short_original_us']:.0f} us" in notes[0]
