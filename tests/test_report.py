@@ -422,7 +422,7 @@ def test_report_says_how_far_the_accepted_samples_fell_short_of_the_windows_the_
     worker's reply pipe and measured by the deciding process (gate.timing.forged_window)."""
     shutil.copytree(real_runs.home / "runs" / real_runs.submit_id, paths.run_dir(real_runs.submit_id))
     graphs = build_report(real_runs.submit_id).graphs
-    notes = [n for g in graphs for n in g.notes if n.startswith("accepted samples checked against the windows")]
+    notes = [n for g in graphs for n in g.notes if n.startswith("accepted samples checked against the windows their marks span")]
     assert notes, [g.notes for g in graphs]
     vf = next((real_runs.home / "runs" / real_runs.submit_id).glob("*/profiles/verdict_*.json"))
     t = (lambda v: (v.get("confirmation") or v["first"])["timing"])(_jsonfile(vf))

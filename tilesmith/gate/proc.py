@@ -10,6 +10,8 @@ import os
 import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -55,8 +57,30 @@ def openmp_wait(env: dict) -> dict:
     return out
 
 
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value where Python does not name it
+
+
+def _mark_socket():
+    """(ours, theirs): a datagram socket pair whose receiving end gets each datagram's send time from the kernel
+    (SO_TIMESTAMPNS): the parent's own measure of a worker's timed windows, which neither the worker's clock nor
+    how soon the parent wakes can move. (None, None) where the platform cannot timestamp them."""
+    try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except (AttributeError, OSError):
+        return None, None
+    try:
+        ours.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        ours.setblocking(False)
+    except OSError:
+        ours.close()
+        theirs.close()
+        return None, None
+    return ours, theirs
+
+
 class Worker:
-    """One `python -m tilesmith.gate.worker` process; requests on stdin, replies on a private pipe."""
+    """One `python -m tilesmith.gate.worker` process; requests on stdin, replies on a private pipe, timed windows
+    marked on a timestamped socket."""
 
     def __init__(self, name: str, scratch: Path, device: str = "cpu", readable: tuple = ()):
         """readable: folders the worker may read besides its own (the graph folder); everything it
@@ -68,28 +92,38 @@ class Worker:
         self.sandbox = sandbox.level()
         r, w = os.pipe()
         self._log = open(self.log_path, "wb")
-        cmd = [sys.executable, "-m", "tilesmith.gate.worker", str(w)]
+        # Window marks (clock.WINDOW_MARK) come on a datagram socket the kernel timestamps as each is sent.
+        self._marks_sock, theirs = _mark_socket()
+        fds = (w,) + ((theirs.fileno(),) if theirs is not None else ())
+        cmd = [sys.executable, "-m", "tilesmith.gate.worker", *map(str, fds)]
         env = openmp_wait({**worker_env(self.dir, device), "TILESMITH_GATE_DEVICE": device})
         spec = sandbox.Spec(scratch=str(self.dir), readable=[str(p) for p in readable], devices=sandbox.devices_for(device))
         self.proc = sandbox.popen(cmd, spec, env, fork=forked.wanted(device), stdin=subprocess.PIPE, stdout=self._log,
-                                  stderr=subprocess.STDOUT, pass_fds=(w,))
+                                  stderr=subprocess.STDOUT, pass_fds=fds)
         os.close(w)
+        if theirs is not None:
+            theirs.close()
         self._r = r
         self._buf = b""
         self._closed = False
-        self.marks: list[int] = []  # when the last request's window marks arrived (perf_counter_ns, this process)
+        # When the last request's window marks were sent (kernel time, ns); None where marks cannot be timestamped.
+        self.marks: list[int] | None = [] if self._marks_sock is not None else None
 
     def request(self, msg: dict, timeout_s: float) -> dict:
         """Send one request and wait for its reply; raises WorkerFailure (and kills the worker) on any failure.
-        The window marks a timed request writes before its reply (worker.WINDOW_MARK) are taken off the pipe
-        as they arrive; `self.marks` holds the times they came, for the parent's own measure of the window."""
-        self.marks = []
+        The window marks a timed request sends before its reply (clock.WINDOW_MARK) are then taken off the mark
+        socket; `self.marks` holds the kernel's send times, the parent's own measure of the window."""
+        if self.marks is not None:
+            self._drain_marks()  # none should be left from earlier requests: they would not be this one's
+            self.marks = []
         try:
             self.proc.stdin.write((json.dumps(msg) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise self._fail("crashed", "the worker exited before the request") from None
         reply = self._read_line(timeout_s)
+        if self.marks is not None:
+            self.marks = self._drain_marks()  # sent before the reply, so queued before it arrived
         try:
             d = json.loads(reply)
         except ValueError:
@@ -114,26 +148,33 @@ class Worker:
             ready, _, _ = select.select([self._r], [], [], min(left, 1.0))
             if ready:
                 chunk = os.read(self._r, 1 << 20)
-                now = time.perf_counter_ns()
                 if not chunk:
                     raise self._fail("crashed", "the worker died")
                 self._buf += chunk
-                while self._buf[:1] == WINDOW_MARK:  # a mark starts the buffer only between replies
-                    self._buf = self._buf[1:]
-                    self.marks.append(now)
-                    self._answer_mark()
                 if len(self._buf) > 64 << 20:
                     raise self._fail("protocol", "the worker's answer is too long")
         line, self._buf = self._buf.split(b"\n", 1)
         return line
 
-    def _answer_mark(self) -> None:
-        """The worker waits for an empty line after each window mark (worker._mark)."""
-        try:
-            self.proc.stdin.write(b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self._fail("crashed", "the worker exited inside a timed window") from None
+    def _drain_marks(self) -> list[int]:
+        """The kernel's send times (ns) of the window marks queued on the mark socket, oldest first; anything
+        else on it (a datagram that is not a mark, or one without a timestamp) counts as -1, which no window has."""
+        out = []
+        while True:
+            try:
+                data, anc, _, _ = self._marks_sock.recvmsg(16, socket.CMSG_SPACE(16))
+            except (BlockingIOError, InterruptedError):
+                return out
+            except OSError:
+                return out + [-1]
+            ts = -1
+            for level, kind, raw in anc:
+                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
+                    sec, ns = struct.unpack("qq", raw[:16])
+                    ts = sec * 1_000_000_000 + ns
+            out.append(ts if data == WINDOW_MARK else -1)
+            if len(out) > 64:  # a worker flooding the socket: no window check can hold
+                return out
 
     def _fail(self, code: str, message: str) -> WorkerFailure:
         self.kill()
@@ -181,6 +222,8 @@ class Worker:
             os.close(self._r)
         except OSError:
             pass
+        if self._marks_sock is not None:
+            self._marks_sock.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self):

@@ -98,9 +98,9 @@ class CheckedSample:
 def _sample(worker, msg: dict, timeout_s: float, short: list | None = None) -> tuple[int | None, Reason | None, dict]:
     """One timed sample; its raw total must be a positive int inside the wall time the parent measured, and
     no shorter than the host time the request asked to be spent before its calls (msg's gap_ns per call).
-    The worker marks its window as it opens and closes (clock.WINDOW_MARK); where it is a gate worker (one
-    with `marks`), both marks must have come, and `short` gets how much shorter the sample is than the window
-    this process saw (ns; forged_window compares the candidate's with the original's)."""
+    The worker marks its window as it opens and closes (clock.WINDOW_MARK); where it is a gate worker whose
+    marks are timestamped (`marks` not None), both must have come, and `short` gets how much shorter the sample
+    is than the window they span (ns; forged_window compares the candidate's with the original's)."""
     w0 = time.perf_counter_ns()
     reply = worker.request(msg, timeout_s=timeout_s)
     wall = time.perf_counter_ns() - w0
@@ -108,9 +108,10 @@ def _sample(worker, msg: dict, timeout_s: float, short: list | None = None) -> t
     bad = check_sample(ns, wall, int(msg.get("gap_ns") or 0) * int(msg.get("reps") or 1))
     marks = getattr(worker, "marks", None)
     if not bad and marks is not None:
-        if len(marks) != 2:
-            bad = Reason("timing-forged", f"the timing worker's sample came with {len(marks)} window marks, not 2: "
-                                          "the window it reports cannot be checked against the one it ran")
+        if len(marks) != 2 or min(marks) < 0:
+            bad = Reason("timing-forged", f"the timing worker's sample came with {len(marks)} window marks, not 2 "
+                                          "timestamped ones: the window it reports cannot be checked against the one "
+                                          "it ran")
         elif short is not None:
             short.append(marks[1] - marks[0] - ns)
     return (None, bad, reply) if bad else (ns, None, reply)
@@ -224,22 +225,21 @@ def _summary(mode: str, reps: int, buffers: int, est: Estimate, apart: Estimate,
 # A candidate's samples may fall short of the windows the parent saw by at most this much more than the
 # original's do in its own worker (medians): the largest of an absolute slack, a share of the candidate's sample,
 # and half the spread (interquartile range) of the original's shortfalls, which grows on a loaded machine.
-# Measured on the 2-core VM (handshake marks, ~2 ms samples): 111-169 us short for the original, within 10 us of
-# an honest candidate's; 973 us for a candidate reporting 60 % of its window. With two busy loops beside on the
-# same two cores: the original 156 us, an honest candidate 429 us (the spread: ms).
+# Measured on the 2-core VM, ~2 ms samples: honest samples 2-5 us short of the window the kernel's timestamps
+# give (about 20 us with two busy loops on the same two cores); a candidate reporting a fifth of its window,
+# all but a fifth short (RESULTS.md).
 FORGED_MIN_NS = 30_000
-FORGED_SHARE = 0.04
+FORGED_SHARE = 0.03
 FORGED_SPREAD = 0.5
 
 
 def forged_window(short: dict, c_ns: list) -> Reason | None:
-    """timing-forged when the candidate's samples are shorter than the windows this process saw them take (the
-    worker marks each window on its reply pipe as it opens and closes) by more than the original's are in its
-    own worker, beyond the slack (FORGED_MIN_NS, FORGED_SHARE, FORGED_SPREAD of the original's spread). Each mark waits for
-    this process's answer before the worker goes on (worker._mark), so the window it reports lies inside the one
-    seen here, and an honest sample falls short by the same round trips whatever code it timed; a number made
-    smaller inside the worker's process (its clock rebound, the window's start moved in its frame, the reply
-    rewritten) cannot also move the times the marks arrived here."""
+    """timing-forged when the candidate's samples are shorter than the windows their marks span (the worker sends a
+    mark on a socket as each window opens and closes, and the kernel stamps each with its send time:
+    proc._mark_socket) by more than the original's are in its own worker, beyond the slack (FORGED_MIN_NS,
+    FORGED_SHARE, FORGED_SPREAD of the original's spread). An honest sample falls short by a few microseconds
+    whatever code it timed; a number made smaller inside the worker's process (its clock rebound, the window's
+    start moved in its frame, the reply rewritten) cannot also move the times the kernel stamped."""
     c, a = short.get("candidate") or [], short.get("apart") or []
     if len(c) < 3 or len(a) < 3:
         return None
@@ -249,9 +249,9 @@ def forged_window(short: dict, c_ns: list) -> Reason | None:
     if mc - ma <= allowed:
         return None
     return Reason("timing-forged", f"the candidate's samples were {mc / 1e3:.0f} us shorter than the windows the "
-                                   f"deciding process saw them take (median of {len(c)}; the original's in its own "
-                                   f"worker {ma / 1e3:.0f} us, {allowed / 1e3:.0f} us more allowed): the time it "
-                                   "reports is not the time it ran")
+                                   f"kernel's timestamps of their marks span (median of {len(c)}; the original's in "
+                                   f"its own worker {ma / 1e3:.0f} us, {allowed / 1e3:.0f} us more allowed): the time "
+                                   "it reports is not the time it ran")
 
 
 def _busy(idle: dict) -> Reason | None:

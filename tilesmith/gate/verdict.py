@@ -109,8 +109,8 @@ class Timing:
     idle_wall_ms: float = 0.0
     buffer_sets: int = 0  # rotating input buffer sets, never fewer than calls_per_sample (timing.sample_size)
     gap_us: float = 0.0  # host time spent before each timed call, both roles: the program's (graph.json program_gap)
-    # How much shorter the reported samples were than the windows the deciding process saw (median, us; the
-    # worker marks its window on the reply pipe): the candidate's, and the original's in its own worker.
+    # How much shorter the reported samples were than the windows their marks span (median, us; the worker marks
+    # each window on a socket the kernel timestamps): the candidate's, and the original's in its own worker.
     window_short_us: float = 0.0
     window_short_original_us: float = 0.0
 

@@ -34,7 +34,7 @@ _spin = clock.spin  # bound before any candidate code runs, as the sync is
 _timed = clock.timed
 _clock_ns = clock._perf_ns
 _write = os.write
-_REPLY_FD = -1  # the pipe replies go to (main sets it before the worker guard records this module)
+_MARK_FD = -1  # the socket timed windows are marked on (main sets it before the worker guard records this module)
 _TENSOR = torch.Tensor
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
 
@@ -210,10 +210,9 @@ def op_time(st: State, req: dict) -> dict:
     # replacement that puts the original back before the guard looks: a red-team cheat did that to the clock).
     timed, perf, spin, sync, urandom = _timed, _clock_ns, _spin, _device_sync, _urandom
     not_plain, snapshot, digest = _not_plain, _snapshot, outputs_digest
-    # The parent's own measure of the window (none where op_time runs without a parent, in a test's process):
-    # each mark is answered by an empty line on stdin, which this process waits for, so the parent reads the
-    # mark at once (this process gives up its core meanwhile) and the window starts after the parent saw it.
-    mark = functools.partial(_mark, _REPLY_FD, clock.WINDOW_MARK, _write, sys.stdin.readline) if _REPLY_FD >= 0 else None
+    # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (proc._mark_socket;
+    # none where op_time runs without a parent, in a test's process).
+    mark = functools.partial(_write, _MARK_FD, clock.WINDOW_MARK) if _MARK_FD >= 0 else None
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     # The program's own host time before each call (gate.timed.program_gap_ns), read from this request before
     # any candidate code runs in it; the parent rejects a sample shorter than its calls' share of it.
@@ -269,12 +268,6 @@ def op_time(st: State, req: dict) -> dict:
         reply["digest"] = digest(st.pending["outputs"])
     seen["last"] = None
     return reply
-
-
-def _mark(fd: int, mark: bytes, write, readline) -> None:
-    """A window mark to the parent, then its answer (timing._sample; every argument bound before candidate code ran)."""
-    write(fd, mark)
-    readline()
 
 
 def _not_plain(out) -> str:
@@ -401,7 +394,7 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def main(fd: int) -> None:
+def main(fd: int, mark_fd: int = -1) -> None:
     st = State()
     # Import what loading a wrapper needs before the first request, so a worker spawned early is ready
     # when its candidate arrives (no wrapper code has run yet: the process is still fresh).
@@ -419,9 +412,9 @@ def main(fd: int) -> None:
     device = os.environ.get("TILESMITH_GATE_DEVICE", "cpu")
     warm_inductor(device)
     warm_device(device)
-    global _STARTUP_S, _REPLY_FD
+    global _STARTUP_S, _MARK_FD
     _STARTUP_S = (_perf_ns() - _T0_NS) / 1e9
-    _REPLY_FD = fd
+    _MARK_FD = mark_fd
     # Before any candidate code: the worker's own code and state, and what checks and sends (worker_guard.py),
     # held in this frame. Each reply goes out only if nothing of it moved; else a failure made beforehand.
     g = worker_guard.build([OPS])
@@ -455,4 +448,4 @@ def main(fd: int) -> None:
             data = data[write(fd, data):]
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else -1)
