@@ -69,6 +69,9 @@ CHEATS = [
     # The window's start moved in the running frame through ctypes (accepted at 1.44x, low 1.40x, confirmed): no
     # state the guard records changes; the parent's own measure of each window (the worker's marks) sees it.
     (redteam.moves_the_clocks_start_in_its_frame, "timing-forged", "timing"),
+    # The plain-tensor check reached through a closure cell and blinded (accepted at 41x, low 7.0x): the window's
+    # checks now live in the worker frame's locals.
+    (redteam.blinds_the_type_check, "output-type", "timing"),
 ]
 
 

@@ -45,8 +45,7 @@ def device_sync(device: str) -> Callable[[], None]:
 
 
 def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
-          after_call: Callable[[int, object], None] | None = None, mark: Callable[[], None] | None = None,
-          perf: Callable[[], int] | None = None) -> int:
+          after_call: Callable[[int, object], None] | None = None) -> int:
     """Nanoseconds for `n` back-to-back calls of `thunk`, `sync()` before the clock starts and before it stops.
 
     thunk: one call (e.g. `lambda: mod.call(list(args))`); its result is passed to `after_call`.
@@ -54,16 +53,11 @@ def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
     sync: waits for the device (`device_sync`); the one before the window keeps earlier work out of it.
     after_call: called as `after_call(i, result)` after call i, inside the window (its cost is timed too,
     so keep it to a few operations, e.g. a draw deciding which call's outputs to keep).
-    mark: called right as the window opens and right as it closes (the gate worker tells its parent, which
-    measures the window itself: a number forged inside this process cannot be shorter than what it saw).
-    perf: the clock (default: this module's, read as the call starts). The clock is read through a local
-    bound before any call of `thunk`: code it runs that rebinds this module's clock and puts it back before
-    anyone looks (a red-team cheat did) changes nothing here; a caller that runs other code first binds
-    the clock before that and passes it."""
-    perf = perf or _perf_ns
+    The clock is read through a local bound before any call: code run by `thunk` that rebinds this module's
+    clock and puts it back before anyone looks changes nothing here. (The gate worker writes its own window
+    out, with its checks in its frame's locals: gate/worker.py op_time.)"""
+    perf = _perf_ns
     sync()
-    if mark is not None:
-        mark()
     t0 = perf()
     if after_call is None:
         for _ in range(n):
@@ -72,14 +66,11 @@ def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
         for i in range(n):
             after_call(i, thunk())
     sync()
-    t1 = perf()
-    if mark is not None:
-        mark()
-    return t1 - t0
+    return perf() - t0
 
 
-# What the gate worker writes to its reply pipe as a timed window opens and as it closes (`timed`'s `mark`): the
-# parent takes the times they arrive as its own measure of the window (gate.timing.forged_window).
+# What the gate worker sends on its mark socket as a timed window opens and as it closes (gate/worker.py op_time): the
+# kernel's timestamps of the two are the parent's own measure of the window (gate.timing.forged_window).
 WINDOW_MARK = b"|"
 MAX_GAP_NS = 50_000_000  # the program's host time between calls the gate spends per call, at most 50 ms
 

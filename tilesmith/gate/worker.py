@@ -31,7 +31,6 @@ from tilesmith.gate.worker_warm import warm_device, warm_inductor  # noqa: E402
 
 _CUDA = torch.cuda.is_available()
 _spin = clock.spin  # bound before any candidate code runs, as the sync is
-_timed = clock.timed
 _clock_ns = clock._perf_ns
 _write = os.write
 _MARK_FD = -1  # the socket timed windows are marked on (main sets it before the worker guard records this module)
@@ -206,10 +205,11 @@ def op_time(st: State, req: dict) -> dict:
     far (reservoir sampling: every call of the sample equally likely): drawn after the call returns, so
     no call can know whether it will be checked. The kept call and the last call stay pending; the next
     request says whether the parent wants them (`keep`)."""
-    # Everything this request uses after candidate code has run, bound first (a global read later could hold a
-    # replacement that puts the original back before the guard looks: a red-team cheat did that to the clock).
-    timed, perf, spin, sync, urandom = _timed, _clock_ns, _spin, _device_sync, _urandom
-    not_plain, snapshot, digest = _not_plain, _snapshot, outputs_digest
+    # Everything this request uses once candidate code has run, bound first as this frame's locals: a global read
+    # later could hold a replacement that puts the original back before the guard looks (a red-team cheat did
+    # that to the clock), and a closure's cell can be rewritten from Python (another blinded the type check).
+    perf, spin, sync, urandom, snapshot, digest = _clock_ns, _spin, _device_sync, _urandom, _snapshot, outputs_digest
+    tensor, type_, isinstance_, from_bytes, seqs = _TENSOR, type, isinstance, int.from_bytes, (list, tuple)
     # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (proc._mark_socket;
     # none where op_time runs without a parent, in a test's process).
     mark = functools.partial(_write, _MARK_FD, clock.WINDOW_MARK) if _MARK_FD >= 0 else None
@@ -238,47 +238,49 @@ def op_time(st: State, req: dict) -> dict:
     # start a new thread team.
     for b, c in enumerate(req.get("fill") or []):
         _set_content(st, st.bufs[role][b], st.pool[role][c], req.get("perturb"), b)
-    calls = iter([thunks[(k + i) % n] for i in range(reps)])
-    seen = {"kept": None, "kept_i": -1, "last": None, "odd": ""}
-
-    def draw(i: int, out) -> None:  # reservoir sampling, drawn after the call returned
-        seen["last"] = out
-        seen["odd"] = seen["odd"] or not_plain(out)
-        if int.from_bytes(urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
+    window = [thunks[(k + i) % n] for i in range(reps)]
+    kept, kept_i, last, odd = None, -1, None, ""
+    # The timed window, written out here rather than through clock.timed: what it checks after each call lives in
+    # this frame's locals, which code run by a call cannot rebind without writing the interpreter's memory.
+    with torch.no_grad():
+        sync()
+        if mark is not None:
+            mark()
+        t0 = perf()
+        for i in range(reps):
+            if gap:  # the program's own host time before each call (gate.timed.program_gap_ns): the GPU runs on
+                spin(gap, perf)
+            last = window[i]()
+            # Plain tensors only: a subclass can return at once and do the work only when a value is read, after
+            # the clock stopped (a red-team cheat was accepted at 27x that way: the two kept calls were forced,
+            # right, by the digest; no other call ever ran).
+            if not odd:
+                for o in (last if type_(last) in seqs else (last,)):
+                    if isinstance_(o, tensor) and type_(o) is not tensor:
+                        odd = type_(o).__name__
+                        break
+            # Reservoir sampling, drawn after the call returned: every call of the sample equally likely to be kept.
             # Only the candidate's kept outputs are checked: the baseline's copy (a clone in graph and trees
             # modes, inside its timed sample) would be a cost only the baseline pays.
-            seen["kept"], seen["kept_i"] = (snapshot(out, graph) if ours else None), i
-
-    with torch.no_grad():
-        if gap:  # the program's own host time before each call (gate.timed.program_gap_ns): the GPU runs on meanwhile
-            ns = timed(lambda: (spin(gap, perf), next(calls)())[1], reps, sync, draw, mark, perf)
-        else:
-            ns = timed(lambda: next(calls)(), reps, sync, draw, mark, perf)
-    if seen["odd"]:
+            if from_bytes(urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
+                kept, kept_i = (snapshot(last, graph) if ours else None), i
+        sync()
+        t1 = perf()
+        if mark is not None:
+            mark()
+    ns = t1 - t0
+    if odd:
         from tilesmith.errors import TilesmithError
 
-        raise TilesmithError(f"a timed call returned a {seen['odd'][:60]}, not a plain torch.Tensor: its values could "
+        raise TilesmithError(f"a timed call returned a {odd[:60]}, not a plain torch.Tensor: its values could "
                              "be worked out after the clock stopped", code="output-type")
     reply = {"ns": ns}
     if ours:
-        st.pending = {"start": k, "calls": [seen["kept_i"], reps - 1],
-                      "outputs": [seen["kept"], snapshot(seen["last"], graph)]}
+        st.pending = {"start": k, "calls": [kept_i, reps - 1], "outputs": [kept, snapshot(last, graph)]}
         # Bound now, before any more candidate code runs: the kept outputs go to a file in the candidate's
         # own folder and reach the parent later (gate.timed._timing_checks compares).
         reply["digest"] = digest(st.pending["outputs"])
-    seen["last"] = None
     return reply
-
-
-def _not_plain(out) -> str:
-    """The type name of the first output that is a tensor subclass, else "". Every timed call's outputs are plain
-    tensors: a subclass can return at once and do the work only when a value is read, after the clock stopped (a
-    red-team cheat was accepted at 27x that way: the two kept calls were forced, right, by the digest; no other
-    call ever ran)."""
-    for o in (out if isinstance(out, (list, tuple)) else (out,)):
-        if isinstance(o, _TENSOR) and type(o) is not _TENSOR:
-            return type(o).__name__
-    return ""
 
 
 def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:
