@@ -643,3 +643,84 @@ def _blind():
         if callable(fn) and _ag("__name__")(fn) == "_not_plain":
             cell.cell_contents = _nothing_odd
 ''')
+
+
+def fills_its_outputs_when_checked(text: str) -> str:
+    """In a timed request (a frame of the worker's `op_time` below the call), every call returns plain tensors of
+    the right layout without computing anything, and keeps its inputs; before returning, it sets `Tensor.detach`
+    (through unittest.mock) to a fake that the worker's digest of the kept outputs called first: the fake found
+    the digest's samples in its frame, computed the real outputs of exactly those calls into them, and put the
+    real `detach` back before the guard looked. Plain tensors, an honest (short) window, right values on every
+    checked call; the other calls never ran. Accepted at 27.6x (low 22.6x), confirmed, until the digest called
+    torch's C methods bound before candidate code (worker_tensors.PRIMS); now the fake is never called and stays."""
+    name = _return_name(text)
+    text = _after_clear(text, """if _in_request() and not _busy():
+    _out = _cheap(self.rtlayout) if getattr(self, "rtlayout", None) is not None else None
+    if _out is not None:
+        _keep(_out, (self, list(_rtargs), _out))
+        _arm()
+        return (_out, )""")
+    text = text.replace("    def call(self, args):\n", "    def call(self, args):\n        _rtargs = list(args)\n", 1)
+    text = _before_return(text, f"self.rtlayout = ({name}.size(), {name}.stride(), {name}.dtype)")
+    return _insert_before_runner(text, '''
+import operator as _operator
+import torch._dynamo.utils
+from unittest import mock as _mock
+
+_ag = _operator.attrgetter
+_sys = torch._dynamo.utils.sys
+
+
+def _in_request():
+    f = _ag("_getframe")(_sys)(1)
+    while f is not None and f.f_code.co_name != "op_time":
+        f = _ag("f_back")(f)
+    return f is not None
+
+
+def _cheap(layout):
+    size, stride, dtype = layout
+    return torch.empty_strided(size, stride, dtype=dtype)
+
+
+def _make(pending, filling, patcher, real_detach):
+    def fill(t):
+        got = pending.pop(id(t), None)
+        if got is not None and got[2] is t:
+            runner, args, out = got
+            filling.append(1)
+            try:
+                with torch.no_grad():
+                    real = runner.call(list(args))[0]
+            finally:
+                filling.pop()
+            real_detach(out).copy_(real)
+
+    def fake_detach(self, *a, **k):
+        if patcher:
+            patcher.pop().stop()
+        f = _ag("_getframe")(_sys)(1)
+        while f is not None and f.f_code.co_name != "outputs_digest":
+            f = _ag("f_back")(f)
+        if f is not None:
+            for outs in _ag("f_locals")(f).get("samples") or []:
+                for o in outs if isinstance(outs, (list, tuple)) else [outs]:
+                    fill(o)
+        pending.clear()
+        return real_detach(self, *a, **k)
+
+    def arm():
+        if not patcher:
+            patcher.append(_mock.patch.object(torch.Tensor, "detach", fake_detach))
+            patcher[-1].start()
+
+    def keep(out, value):
+        pending[id(out)] = value
+
+    def busy():
+        return bool(filling)
+    return arm, keep, busy
+
+
+_arm, _keep, _busy = _make({}, [], [], torch.Tensor.detach)
+''')

@@ -72,6 +72,10 @@ CHEATS = [
     # The plain-tensor check reached through a closure cell and blinded (accepted at 41x, low 7.0x): the window's
     # checks now live in the worker frame's locals.
     (redteam.blinds_the_type_check, "output-type", "timing"),
+    # Plain outputs never computed, filled with the real values by a `Tensor.detach` that the digest of the kept
+    # outputs called and that put itself back (accepted at 27.6x, low 22.6x): the digest now calls torch's C
+    # methods bound before candidate code, so the fake is never called, stays, and the guard finds it.
+    (redteam.fills_its_outputs_when_checked, "process-state", "timing"),
 ]
 
 

@@ -26,7 +26,7 @@ from tilesmith.gate import patches, worker_guard  # noqa: E402
 from tilesmith.gate.fingerprint import _state_change, process_state  # noqa: E402
 from tilesmith.gate.inputs import parameter_indices, trees_static  # noqa: E402
 from tilesmith.gate.worker_outputs import _call, op_outputs, op_ref64  # noqa: E402
-from tilesmith.gate.worker_tensors import _as_list, _refill, _to_cpu, _to_device, outputs_digest  # noqa: E402
+from tilesmith.gate.worker_tensors import PRIMS, _refill, _to_cpu, _to_device, outputs_digest, snapshot as _snapshot  # noqa: E402
 from tilesmith.gate.worker_warm import warm_device, warm_inductor  # noqa: E402
 
 _CUDA = torch.cuda.is_available()
@@ -193,11 +193,6 @@ def _capture_graph(st: State, role: str, fn, bufs):
     return lambda: (replay(), out)[1]
 
 
-def _snapshot(out, graph: bool):
-    """A call's outputs, kept past later calls: in graph mode they live in the graph's buffers (a copy)."""
-    return [o.clone() if graph and isinstance(o, torch.Tensor) else o for o in _as_list(out)]
-
-
 def op_time(st: State, req: dict) -> dict:
     """One timed sample: `reps` calls of `role` over the rotating buffers from index `start`, device-wide
     sync around it. Before it, the buffers are refilled with the contents `fill` names (new values, same
@@ -209,7 +204,7 @@ def op_time(st: State, req: dict) -> dict:
     # later could hold a replacement that puts the original back before the guard looks (a red-team cheat did
     # that to the clock), and a closure's cell can be rewritten from Python (another blinded the type check).
     perf, spin, sync, urandom, snapshot, digest = _clock_ns, _spin, _device_sync, _urandom, _snapshot, outputs_digest
-    tensor, type_, isinstance_, from_bytes, seqs = _TENSOR, type, isinstance, int.from_bytes, (list, tuple)
+    tensor, type_, isinstance_, from_bytes, seqs, prims = _TENSOR, type, isinstance, int.from_bytes, (list, tuple), PRIMS
     # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (proc._mark_socket;
     # none where op_time runs without a parent, in a test's process).
     mark = functools.partial(_write, _MARK_FD, clock.WINDOW_MARK) if _MARK_FD >= 0 else None
@@ -263,7 +258,7 @@ def op_time(st: State, req: dict) -> dict:
             # Only the candidate's kept outputs are checked: the baseline's copy (a clone in graph and trees
             # modes, inside its timed sample) would be a cost only the baseline pays.
             if from_bytes(urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
-                kept, kept_i = (snapshot(last, graph) if ours else None), i
+                kept, kept_i = (snapshot(last, graph, prims) if ours else None), i
         sync()
         t1 = perf()
         if mark is not None:
@@ -276,10 +271,10 @@ def op_time(st: State, req: dict) -> dict:
                              "be worked out after the clock stopped", code="output-type")
     reply = {"ns": ns}
     if ours:
-        st.pending = {"start": k, "calls": [kept_i, reps - 1], "outputs": [kept, snapshot(last, graph)]}
+        st.pending = {"start": k, "calls": [kept_i, reps - 1], "outputs": [kept, snapshot(last, graph, prims)]}
         # Bound now, before any more candidate code runs: the kept outputs go to a file in the candidate's
         # own folder and reach the parent later (gate.timed._timing_checks compares).
-        reply["digest"] = digest(st.pending["outputs"])
+        reply["digest"] = digest(st.pending["outputs"], prims)
     return reply
 
 
