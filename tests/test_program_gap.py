@@ -3,6 +3,7 @@ before each timed call of every role (gate/timed.py program_gap_ns, gate/worker.
 
 from __future__ import annotations
 
+import os
 import textwrap
 from types import SimpleNamespace
 
@@ -266,3 +267,47 @@ def test_profiled_gaps_count_the_programs_waits_beyond_what_an_empty_window_show
     for _ in range(30):
         f([])
     assert len(blind) == 4 and "does not show the CUDA runtime" in w.result("k")["why"]
+
+
+def test_the_worker_marks_each_window_on_a_timestamped_socket_and_sees_the_socket_pointed_elsewhere(tmp_path, monkeypatch):
+    """gate/worker.py op_time sends a mark as the window opens and as it closes; the kernel's send times span the
+    reported sample (proc._mark_socket). A call that points the socket's descriptor elsewhere (os.dup2), as a cheat
+    sending its own closing mark would, makes the sample timing-forged."""
+    from tilesmith.errors import TilesmithError
+    from tilesmith.gate import proc, worker
+
+    ours, theirs = proc._mark_socket()
+    if ours is None:
+        pytest.skip("no timestamped datagram sockets here")
+    st_ = os.fstat(theirs.fileno())
+    monkeypatch.setattr(worker, "_MARK_FD", theirs.fileno())
+    monkeypatch.setattr(worker, "_MARK_ID", (st_.st_dev, st_.st_ino))
+    redirect = {"armed": False, "saved": None}
+
+    def fn(args):
+        if redirect["armed"] and redirect["saved"] is None:  # from here the real closing mark would go nowhere
+            null = os.open(os.devnull, os.O_WRONLY)
+            redirect["saved"] = os.dup(theirs.fileno())
+            os.dup2(null, theirs.fileno())
+            os.close(null)
+        return (args[0] + 1,)
+
+    st = worker.State()
+    st.data = SimpleNamespace(meta={"inputs": [{"kind": "tensor"}]})
+    st.fns = {"candidate": fn}
+    sets = tmp_path / "sets.pt"
+    torch.save({"inputs": [[torch.ones(4)], [torch.zeros(4)]]}, sets)
+    worker.op_time_setup(st, {"sets_file": str(sets), "roles": ["candidate"], "mode": "launch", "buffers": 2})
+    w = SimpleNamespace(_marks_sock=ours)
+    proc.Worker._drain_marks(w)  # nothing sent yet
+    ns = worker.op_time(st, {"role": "candidate", "reps": 4, "start": 0})["ns"]
+    marks = proc.Worker._drain_marks(w)
+    assert len(marks) == 2 and min(marks) > 0 and marks[1] - marks[0] >= ns > 0
+    redirect["armed"] = True
+    with pytest.raises(TilesmithError) as e:
+        worker.op_time(st, {"role": "candidate", "reps": 4, "start": 0})
+    assert e.value.code == "timing-forged" and "pointed elsewhere" in str(e.value)
+    os.dup2(redirect["saved"], theirs.fileno())  # put the socket back for the cleanup
+    os.close(redirect["saved"])
+    ours.close()
+    theirs.close()

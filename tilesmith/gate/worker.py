@@ -34,6 +34,7 @@ _spin = clock.spin  # bound before any candidate code runs, as the sync is
 _clock_ns = clock._perf_ns
 _write = os.write
 _MARK_FD = -1  # the socket timed windows are marked on (main sets it before the worker guard records this module)
+_MARK_ID = None  # that socket's identity, (st_dev, st_ino): a descriptor redirected to anything else is seen
 _TENSOR = torch.Tensor
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
 
@@ -208,6 +209,8 @@ def op_time(st: State, req: dict) -> dict:
     # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (proc._mark_socket;
     # none where op_time runs without a parent, in a test's process).
     mark = functools.partial(_write, _MARK_FD, clock.WINDOW_MARK) if _MARK_FD >= 0 else None
+    mark_fd, mark_id, fstat = _MARK_FD, _MARK_ID, os.fstat
+    redirected = False  # the mark socket's descriptor found pointing elsewhere around the window
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     # The program's own host time before each call (gate.timed.program_gap_ns), read from this request before
     # any candidate code runs in it; the parent rejects a sample shorter than its calls' share of it.
@@ -240,6 +243,13 @@ def op_time(st: State, req: dict) -> dict:
     with torch.no_grad():
         sync()
         if mark is not None:
+            # Candidate code shares this process and could point the descriptor elsewhere (os.dup2) and send marks
+            # of its own: checked right before the opening mark and right after the closing one.
+            try:
+                st_ = fstat(mark_fd)
+                redirected = (st_.st_dev, st_.st_ino) != mark_id
+            except OSError:
+                redirected = True
             mark()
         t0 = perf()
         for i in range(reps):
@@ -263,7 +273,17 @@ def op_time(st: State, req: dict) -> dict:
         t1 = perf()
         if mark is not None:
             mark()
+            try:
+                st_ = fstat(mark_fd)
+                redirected = redirected or (st_.st_dev, st_.st_ino) != mark_id
+            except OSError:
+                redirected = True
     ns = t1 - t0
+    if redirected:
+        from tilesmith.errors import TilesmithError
+
+        raise TilesmithError("the socket the timed window is marked on was pointed elsewhere during the request: the "
+                             "window the parent measures could be forged", code="timing-forged")
     if odd:
         from tilesmith.errors import TilesmithError
 
@@ -409,9 +429,11 @@ def main(fd: int, mark_fd: int = -1) -> None:
     device = os.environ.get("TILESMITH_GATE_DEVICE", "cpu")
     warm_inductor(device)
     warm_device(device)
-    global _STARTUP_S, _MARK_FD
+    global _STARTUP_S, _MARK_FD, _MARK_ID
     _STARTUP_S = (_perf_ns() - _T0_NS) / 1e9
-    _MARK_FD = mark_fd
+    if mark_fd >= 0:
+        st_ = os.fstat(mark_fd)
+        _MARK_FD, _MARK_ID = mark_fd, (st_.st_dev, st_.st_ino)
     # Before any candidate code: the worker's own code and state, and what checks and sends (worker_guard.py),
     # held in this frame. Each reply goes out only if nothing of it moved; else a failure made beforehand.
     g = worker_guard.build([OPS])
