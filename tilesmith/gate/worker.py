@@ -194,6 +194,60 @@ def _capture_graph(st: State, role: str, fn, bufs):
     return lambda: (replay(), out)[1]
 
 
+def _same_file(fstat, fd: int, ident) -> bool:
+    """Whether descriptor `fd` still is the file `ident` (st_dev, st_ino) names."""
+    try:
+        st_ = fstat(fd)
+    except OSError:
+        return False
+    return (st_.st_dev, st_.st_ino) == ident
+
+
+def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools: tuple) -> tuple:
+    """op_time's timed window: (ns, kept outputs, kept call, last outputs). Written out here rather than through
+    clock.timed: everything it uses is an argument, bound by op_time before the request's first candidate call,
+    a local of this frame, which code run by a call cannot rebind without writing the interpreter's memory.
+    `marks`: (send a mark, the mark socket still ours?)."""
+    perf, spin, sync, urandom, snapshot, prims, tensor, type_, isinstance_, from_bytes, seqs, calls, error = tools
+    kept, kept_i, last, odd, redirected = None, -1, None, "", False
+    sync()
+    if marks is not None:
+        # Candidate code shares this process and could point the descriptor elsewhere (os.dup2) and send marks of
+        # its own: checked right before the opening mark and right after the closing one.
+        redirected = not marks[1]()
+        marks[0]()
+    t0 = perf()
+    for i in calls:
+        if gap:  # the program's own host time before each call (gate.timed.program_gap_ns): the GPU runs on
+            spin(gap, perf)
+        last = window[i]()
+        # Plain tensors only: a subclass can return at once and do the work only when a value is read, after the
+        # clock stopped (a red-team cheat was accepted at 27x that way: the two kept calls were forced, right, by
+        # the digest; no other call ever ran).
+        if not odd:
+            for o in (last if type_(last) in seqs else (last,)):
+                if isinstance_(o, tensor) and type_(o) is not tensor:
+                    odd = type_(o).__name__
+                    break
+        # Reservoir sampling, drawn after the call returned: every call of the sample equally likely to be kept.
+        # Only the candidate's kept outputs are checked: the baseline's copy (a clone in graph and trees modes,
+        # inside its timed sample) would be a cost only the baseline pays.
+        if from_bytes(urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
+            kept, kept_i = (snapshot(last, graph, prims) if ours else None), i
+    sync()
+    t1 = perf()
+    if marks is not None:
+        marks[0]()
+        redirected = redirected or not marks[1]()
+    if redirected:
+        raise error("the socket the timed window is marked on was pointed elsewhere during the request: the window "
+                    "the parent measures could be forged", code="timing-forged")
+    if odd:
+        raise error(f"a timed call returned a {odd[:60]}, not a plain torch.Tensor: its values could be worked out "
+                    "after the clock stopped", code="output-type")
+    return t1 - t0, kept, kept_i, last
+
+
 def op_time(st: State, req: dict) -> dict:
     """One timed sample: `reps` calls of `role` over the rotating buffers from index `start`, device-wide
     sync around it. Before it, the buffers are refilled with the contents `fill` names (new values, same
@@ -201,17 +255,21 @@ def op_time(st: State, req: dict) -> dict:
     far (reservoir sampling: every call of the sample equally likely): drawn after the call returns, so
     no call can know whether it will be checked. The kept call and the last call stay pending; the next
     request says whether the parent wants them (`keep`)."""
-    # Everything this request uses once candidate code has run, bound first as this frame's locals: a global read
-    # later could hold a replacement that puts the original back before the guard looks (a red-team cheat did
-    # that to the clock), and a closure's cell can be rewritten from Python (another blinded the type check).
-    perf, spin, sync, urandom, snapshot, digest = _clock_ns, _spin, _device_sync, _urandom, _snapshot, outputs_digest
-    tensor, type_, isinstance_, from_bytes, seqs, prims = _TENSOR, type, isinstance, int.from_bytes, (list, tuple), PRIMS
-    # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (proc._mark_socket;
-    # none where op_time runs without a parent, in a test's process).
-    mark = functools.partial(_write, _MARK_FD, clock.WINDOW_MARK) if _MARK_FD >= 0 else None
-    mark_fd, mark_id, fstat = _MARK_FD, _MARK_ID, os.fstat
-    redirected = False  # the mark socket's descriptor found pointing elsewhere around the window
+    # Everything this request uses once candidate code has run, bound first as locals (here, then the window's
+    # arguments): a global read later could hold a replacement that puts the original back before the guard looks
+    # (a red-team cheat did that to the clock), and a closure's cell can be rewritten from Python (another
+    # blinded the type check).
+    from tilesmith.errors import TilesmithError
+
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
+    snapshot, digest, prims, timed_window = _snapshot, outputs_digest, PRIMS, _timed_window
+    tools = (_clock_ns, _spin, _device_sync, _urandom, snapshot, prims, _TENSOR, type, isinstance, int.from_bytes,
+             (list, tuple), range(reps), TilesmithError)
+    # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (proc._mark_socket),
+    # and a check that the descriptor still is that socket (none where op_time runs without a parent, in a test).
+    marks = ((functools.partial(_write, _MARK_FD, clock.WINDOW_MARK), functools.partial(_same_file, os.fstat, _MARK_FD,
+                                                                                       _MARK_ID))
+             if _MARK_FD >= 0 else None)
     # The program's own host time before each call (gate.timed.program_gap_ns), read from this request before
     # any candidate code runs in it; the parent rejects a sample shorter than its calls' share of it.
     gap = max(0, min(clock.MAX_GAP_NS, int(req.get("gap_ns") or 0)))
@@ -237,58 +295,8 @@ def op_time(st: State, req: dict) -> dict:
     for b, c in enumerate(req.get("fill") or []):
         _set_content(st, st.bufs[role][b], st.pool[role][c], req.get("perturb"), b)
     window = [thunks[(k + i) % n] for i in range(reps)]
-    kept, kept_i, last, odd = None, -1, None, ""
-    # The timed window, written out here rather than through clock.timed: what it checks after each call lives in
-    # this frame's locals, which code run by a call cannot rebind without writing the interpreter's memory.
     with torch.no_grad():
-        sync()
-        if mark is not None:
-            # Candidate code shares this process and could point the descriptor elsewhere (os.dup2) and send marks
-            # of its own: checked right before the opening mark and right after the closing one.
-            try:
-                st_ = fstat(mark_fd)
-                redirected = (st_.st_dev, st_.st_ino) != mark_id
-            except OSError:
-                redirected = True
-            mark()
-        t0 = perf()
-        for i in range(reps):
-            if gap:  # the program's own host time before each call (gate.timed.program_gap_ns): the GPU runs on
-                spin(gap, perf)
-            last = window[i]()
-            # Plain tensors only: a subclass can return at once and do the work only when a value is read, after
-            # the clock stopped (a red-team cheat was accepted at 27x that way: the two kept calls were forced,
-            # right, by the digest; no other call ever ran).
-            if not odd:
-                for o in (last if type_(last) in seqs else (last,)):
-                    if isinstance_(o, tensor) and type_(o) is not tensor:
-                        odd = type_(o).__name__
-                        break
-            # Reservoir sampling, drawn after the call returned: every call of the sample equally likely to be kept.
-            # Only the candidate's kept outputs are checked: the baseline's copy (a clone in graph and trees
-            # modes, inside its timed sample) would be a cost only the baseline pays.
-            if from_bytes(urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
-                kept, kept_i = (snapshot(last, graph, prims) if ours else None), i
-        sync()
-        t1 = perf()
-        if mark is not None:
-            mark()
-            try:
-                st_ = fstat(mark_fd)
-                redirected = redirected or (st_.st_dev, st_.st_ino) != mark_id
-            except OSError:
-                redirected = True
-    ns = t1 - t0
-    if redirected:
-        from tilesmith.errors import TilesmithError
-
-        raise TilesmithError("the socket the timed window is marked on was pointed elsewhere during the request: the "
-                             "window the parent measures could be forged", code="timing-forged")
-    if odd:
-        from tilesmith.errors import TilesmithError
-
-        raise TilesmithError(f"a timed call returned a {odd[:60]}, not a plain torch.Tensor: its values could "
-                             "be worked out after the clock stopped", code="output-type")
+        ns, kept, kept_i, last = timed_window(window, gap, graph, ours, marks, tools)
     reply = {"ns": ns}
     if ours:
         st.pending = {"start": k, "calls": [kept_i, reps - 1], "outputs": [kept, snapshot(last, graph, prims)]}
