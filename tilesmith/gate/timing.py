@@ -225,9 +225,9 @@ def _summary(mode: str, reps: int, buffers: int, est: Estimate, apart: Estimate,
 # A candidate's samples may fall short of the windows the parent saw by at most this much more than the
 # original's do in its own worker (medians): the largest of an absolute slack, a share of the candidate's sample,
 # and half the spread (interquartile range) of the original's shortfalls, which grows on a loaded machine.
-# Measured on the 2-core VM, ~2 ms samples: honest samples 2-5 us short of the window the kernel's timestamps
-# give (about 20 us with two busy loops on the same two cores); a candidate reporting a fifth of its window,
-# all but a fifth short (RESULTS.md).
+# Measured in the gate on the 2-core VM: honest samples 11.2-11.5 us short of the span of their marks (13.6-14.3
+# with two busy loops on the same two cores); the frame cheat reporting a fifth of its window, 2,044 us
+# (RESULTS.md, session 17).
 FORGED_MIN_NS = 30_000
 FORGED_SHARE = 0.03
 FORGED_SPREAD = 0.5
