@@ -2,7 +2,7 @@
 
     python benchmarks/models.py run [--models moe,gpt2,resnet18,gpt2-train] [--modes ...]
                                     [--tilesmith-on default,reduce-overhead] [--max-minutes 1] [--loops 2] [--profile-calls 50]
-                                    [--dry-run]
+                                    [--no-timing] [--reuse DIR] [--dry-run]
     python benchmarks/models.py summary RUN1/models.json RUN2/models.json [--out suite.json]
 
 Models are built from configs, no weights downloaded (the GPU machine has no network): `moe` (the
@@ -28,6 +28,12 @@ proportion) beside the measured one (a measured step much slower than the estima
 timed something the program does not run). Then the geometric mean over models. Writes models.json
 after every model (a run cut off keeps what it measured) and prints tables; never passes or fails on
 time.
+
+The GPU machine's calls last 10 minutes, less than the flows and the timing of the whole suite together: one
+call runs the flows (`--no-timing`, each model with its own mode and budget: `--tilesmith-on
+moe:reduce-overhead,resnet18:default --max-minutes 1.5,gpt2-train:2.5`), a later one times every model and
+mode in one run over those flows (`--reuse DIR`: that run's --out-dir, its models.json and homes; a flow it
+lacks runs here). Each reused flow says where it came from (`reused_from`).
 """
 
 from __future__ import annotations
@@ -164,18 +170,65 @@ def cmd_worker(a) -> None:
     flow.serve(step, inputs, sync, a.out, extra, grad=train)
 
 
+def per_model(spec: str, models: list[str], what: str) -> dict[str, str]:
+    """A per-model option: comma-separated items, `VALUE` for every model or `MODEL:VALUE` for one (the
+    model's own items replace the common ones for it; several of either kind make a list). Returns model ->
+    the comma-joined values ("" when none)."""
+    common, own = [], {}
+    for item in [x.strip() for x in spec.split(",") if x.strip()]:
+        name, sep, value = item.rpartition(":")
+        if not sep:
+            common.append(item)
+        elif name not in MODELS:
+            raise SystemExit(f"{what}: '{item}' names no model (of: {', '.join(MODELS)}); write VALUE or MODEL:VALUE")
+        else:
+            own.setdefault(name, []).append(value)
+    return {m: ",".join(own.get(m, common)) for m in models}
+
+
 def plan(a, device: str) -> dict:
     models = [m for m in a.models.split(",") if m]
     modes = [m for m in (a.modes or ",".join(MODES if device.startswith("cuda") else MODES[::2])).split(",") if m]
-    ts = [m for m in a.tilesmith_on.split(",") if m and m != "none"]
-    bad = [m for m in models if m not in MODELS] + [m for m in modes + ts if m not in MODES]
+    bad = [m for m in models if m not in MODELS] + [m for m in modes if m not in MODES]
     if bad:
         raise SystemExit(f"unknown model or mode: {', '.join(bad)}")
+    ts_by = {m: [x for x in v.split(",") if x and x != "none"] for m, v in per_model(a.tilesmith_on, models,
+                                                                                       "--tilesmith-on").items()}
+    ts = list(dict.fromkeys(x for v in ts_by.values() for x in v))
+    bad = [x for x in ts if x not in MODES]
+    if bad:
+        raise SystemExit(f"unknown model or mode: {', '.join(bad)}")
+    minutes_by = {}
+    for m, v in per_model(str(a.max_minutes), models, "--max-minutes").items():
+        try:
+            minutes_by[m] = float(v) if v else None
+        except ValueError:
+            raise SystemExit(f"--max-minutes: '{v}' for {m} is not a number of minutes") from None
+    one = set(minutes_by.values())
     paths = ["eager"] + [f"compile {m}" for m in modes] + [f"tilesmith on {m}" for m in ts]
     profile_calls = a.profile_calls if a.profile_calls is not None else 50 if device.startswith("cuda") else 0
-    return {"models": models, "modes": modes, "tilesmith_on": ts, "paths": paths, "device": device,
-            "max_minutes": a.max_minutes, "loops": a.loops, "seconds": a.seconds, "calls": a.calls, "optimizer": a.optimizer,
-            "profile_calls": profile_calls}
+    return {"models": models, "modes": modes, "tilesmith_on": ts, "tilesmith_on_by_model": ts_by, "paths": paths,
+            "device": device, "max_minutes": one.pop() if len(one) == 1 else minutes_by, "max_minutes_by_model": minutes_by,
+            "loops": a.loops, "seconds": a.seconds, "calls": a.calls, "optimizer": a.optimizer,
+            "profile_calls": profile_calls, "timing": not a.no_timing, "reuse": a.reuse}
+
+
+def _reused(name: str, m: str, reuse: str | None) -> dict | None:
+    """The flow of (model, mode) that an earlier `run` (its --out-dir: models.json and the model's home) made,
+    or None when it has none (no result there, nothing installed in a home that is gone)."""
+    if not reuse:
+        return None
+    try:
+        doc = json.loads((Path(reuse) / "models.json").read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--reuse {reuse}: no models.json from `models.py run` there ({e}); pass an --out-dir "
+                         "that a run (e.g. with --no-timing) wrote") from None
+    for r in doc.get("results", []):
+        flow_ = r.get("model") == name and (r.get("tilesmith") or {}).get(m)
+        home = Path(reuse) / name / m / "home"
+        if flow_ and home.is_dir():
+            return {**flow_, "home": str(home.resolve()), "reused_from": f"{reuse} ({doc.get('date', '?')})"}
+    return None
 
 
 def run_model(name: str, p: dict, out: Path, a) -> dict:
@@ -185,11 +238,18 @@ def run_model(name: str, p: dict, out: Path, a) -> dict:
     # On a GPU, enough steps for capture to measure the program's host time between a graph's calls (the gate
     # spends it: tilesmith/capture/gaps.py); on the CPU it is not used.
     capture_steps = "30" if p["device"].startswith("cuda") else "3"
-    for m in p["tilesmith_on"]:
+    minutes = p["max_minutes_by_model"][name]
+    for m in p["tilesmith_on_by_model"][name]:
+        earlier = _reused(name, m, p["reuse"])
+        if earlier is not None:  # this code's flow, run by an earlier call (the device's 10-minute calls)
+            homes[m] = earlier.pop("home")
+            res["tilesmith"][m] = earlier
+            print(f"{name}: tilesmith on {m}: the flow of {earlier['reused_from']}, run {earlier['run_id']}", flush=True)
+            continue
         home = out / name / m / "home"
         shutil.rmtree(home, ignore_errors=True)  # a fresh store: the whole flow runs, no exact hit
         os.environ["TILESMITH_HOME"] = homes[m] = str(home)
-        extra = (["--max-minutes", str(a.max_minutes)] if a.max_minutes else []) + ["--loops", str(a.loops)]
+        extra = (["--max-minutes", str(minutes)] if minutes else []) + ["--loops", str(a.loops)]
         try:
             run, secs = flow.capture_optimize_install(
                 __file__, ["model", "--name", name, "--mode", m, "--device", p["device"], "--steps", capture_steps],
@@ -201,6 +261,8 @@ def run_model(name: str, p: dict, out: Path, a) -> dict:
                                "tracks": [{k: t.get(k) for k in ("key", "kind", "status", "reason", "speedup",
                                                                   "speedup_low", "baseline_ms", "best_ms")}
                                           for t in run.get("tracks", [])]}
+    if not p["timing"]:
+        return res
     names = [n for n in p["paths"] if not n.startswith("tilesmith on ") or n.split(" ")[-1] in res["tilesmith"]]
 
     def cmd(n: str, f: str) -> list[str]:
@@ -249,10 +311,26 @@ def cmd_run(a) -> int:
             doc["results"].append({"model": name, "errors": ["skipped: --deadline-minutes reached"], "tilesmith": {}})
             continue
         doc["results"].append(run_model(name, p, out, a))
-        doc["summary"] = summary(doc["results"])
+        if p["timing"]:
+            doc["summary"] = summary(doc["results"])
+        else:
+            _flows_table(doc["results"][-1])
         (out / "models.json").write_text(json.dumps(doc, indent=2))
     print(f"wrote {out / 'models.json'}")
     return 0
+
+
+def _flows_table(r: dict) -> None:
+    """--no-timing: what each flow did (a later run with --reuse times it)."""
+    for m, t in r["tilesmith"].items():
+        statuses: dict = {}
+        for tr in t["tracks"]:
+            statuses[tr["status"]] = statuses.get(tr["status"], 0) + 1
+        best = [f"{tr['key'][:10]} {tr['speedup']:.3f}x" for tr in t["tracks"] if tr.get("speedup")]
+        print(f"{r['model']:12} tilesmith on {m}: run {t['run_id']} in {t['pipeline_s']} s, graphs by status "
+              f"{statuses}; accepted: {', '.join(best) or 'none'}", flush=True)
+    for e in r["errors"]:
+        print(f"{r['model']:12} {e[:300]}", flush=True)
 
 
 def cmd_summary(a) -> int:
@@ -298,8 +376,15 @@ def main() -> int:
     r.add_argument("--models", default=SUITE, help=f"comma-separated, of: {', '.join(MODELS)} (default {SUITE})")
     r.add_argument("--modes", default=None, help="compile modes timed (default: all four on CUDA)")
     r.add_argument("--tilesmith-on", default="default,reduce-overhead",
-                   help="the user's modes tilesmith starts from ('none': no tilesmith path)")
-    r.add_argument("--max-minutes", type=float, default=1.0, help="optimize budget per model and mode")
+                   help="the user's modes tilesmith starts from ('none': no tilesmith path); MODEL:MODE items "
+                        "for one model, e.g. moe:reduce-overhead,resnet18:default")
+    r.add_argument("--max-minutes", default="1.0",
+                   help="optimize budget per model and mode; MODEL:MINUTES items for one model, e.g. 1.5,gpt2-train:3")
+    r.add_argument("--no-timing", action="store_true",
+                   help="run the flows only (capture, optimize, install); a later run times them with --reuse")
+    r.add_argument("--reuse", default=None, metavar="DIR",
+                   help="take each model's flow from DIR (an earlier run's --out-dir: its models.json and homes) "
+                        "where it has one, and run the others; every path is then timed in this run")
     r.add_argument("--loops", type=int, default=2,
                    help="accepted candidates per graph before its track ends (the README's flow: 2; the tuner's "
                         "second loop is where re-lowering and kernel settings go on top of a replay)")

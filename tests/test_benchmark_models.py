@@ -161,3 +161,27 @@ def test_summary_of_several_runs_takes_each_models_latest_measured_result_and_on
     assert doc["summary"]["models_measured"] == 2 and "geometric mean" in p.stdout
     p = _run("summary", str(bad))
     assert p.returncode != 0 and "not a models.json" in p.stderr
+
+
+def test_flows_run_in_one_call_are_timed_by_a_later_run_that_reuses_them(tmp_path):
+    """The GPU machine's 10-minute calls: the flows in one (--no-timing, per-model modes), every path of the
+    suite timed in a later one over those flows (--reuse), which runs no flow again and says where each came from."""
+    prep, timed = tmp_path / "prep", tmp_path / "timed"
+    p = _run("run", "--models", "tiny", "--device", "cpu", "--tilesmith-on", "none,tiny:default", "--max-minutes",
+             "1,tiny:0.15", "--no-timing", "--out-dir", str(prep))
+    assert p.returncode == 0, p.stderr[-3000:]
+    flow_ = json.loads((prep / "models.json").read_text())["results"][0]
+    assert list(flow_["tilesmith"]) == ["default"] and "rows" not in flow_ and flow_["errors"] == []
+    assert (prep / "tiny" / "default" / "home" / "runs" / flow_["tilesmith"]["default"]["run_id"]).is_dir()
+    assert "tilesmith on default: run " in p.stdout
+    p = _run("run", "--models", "tiny", "--device", "cpu", "--tilesmith-on", "default", "--modes", "default",
+             "--reuse", str(prep), "--seconds", "0.2", "--min-rounds", "2", "--profile-calls", "0", "--out-dir", str(timed))
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((timed / "models.json").read_text())["results"][0]
+    t = r["tilesmith"]["default"]
+    assert t["run_id"] == flow_["tilesmith"]["default"]["run_id"] and t["reused_from"].startswith(str(prep))
+    assert not (timed / "tiny" / "default").exists()  # no flow ran here
+    assert [x["path"] for x in r["rows"]] == ["eager", "compile default", "tilesmith on default"]
+    bad = _run("run", "--models", "tiny", "--device", "cpu", "--reuse", str(tmp_path / "nothing"), "--out-dir",
+               str(tmp_path / "x"))
+    assert bad.returncode != 0 and "no models.json from `models.py run` there" in bad.stderr
