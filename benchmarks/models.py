@@ -2,7 +2,7 @@
 
     python benchmarks/models.py run [--models moe,gpt2,resnet18,gpt2-train] [--modes ...]
                                     [--tilesmith-on default,reduce-overhead] [--max-minutes 1] [--loops 2] [--profile-calls 50]
-                                    [--no-timing] [--reuse DIR] [--dry-run]
+                                    [--no-timing] [--reuse DIR[,DIR]] [--dry-run]
     python benchmarks/models.py summary RUN1/models.json RUN2/models.json [--out suite.json]
 
 Models are built from configs, no weights downloaded (the GPU machine has no network): `moe` (the
@@ -32,8 +32,8 @@ time.
 The GPU machine's calls last 10 minutes, less than the flows and the timing of the whole suite together: one
 call runs the flows (`--no-timing`, each model with its own mode and budget: `--tilesmith-on
 moe:reduce-overhead,resnet18:default --max-minutes 1.5,gpt2-train:2.5`), a later one times every model and
-mode in one run over those flows (`--reuse DIR`: that run's --out-dir, its models.json and homes; a flow it
-lacks runs here). Each reused flow says where it came from (`reused_from`).
+mode in one run over those flows (`--reuse DIR[,DIR]`: those runs' --out-dirs, their models.json and homes;
+a flow they lack runs here). Each reused flow says where it came from (`reused_from`).
 """
 
 from __future__ import annotations
@@ -214,20 +214,20 @@ def plan(a, device: str) -> dict:
 
 
 def _reused(name: str, m: str, reuse: str | None) -> dict | None:
-    """The flow of (model, mode) that an earlier `run` (its --out-dir: models.json and the model's home) made,
-    or None when it has none (no result there, nothing installed in a home that is gone)."""
-    if not reuse:
-        return None
-    try:
-        doc = json.loads((Path(reuse) / "models.json").read_text())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--reuse {reuse}: no models.json from `models.py run` there ({e}); pass an --out-dir "
-                         "that a run (e.g. with --no-timing) wrote") from None
-    for r in doc.get("results", []):
-        flow_ = r.get("model") == name and (r.get("tilesmith") or {}).get(m)
-        home = Path(reuse) / name / m / "home"
-        if flow_ and home.is_dir():
-            return {**flow_, "home": str(home.resolve()), "reused_from": f"{reuse} ({doc.get('date', '?')})"}
+    """The flow of (model, mode) that an earlier `run` made (its --out-dir: models.json and the model's home;
+    `reuse` is one or several such folders, comma-separated, the first that has it wins), or None when none
+    has it (no result there, or its home is gone)."""
+    for d in [x for x in (reuse or "").split(",") if x]:
+        try:
+            doc = json.loads((Path(d) / "models.json").read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--reuse {d}: no models.json from `models.py run` there ({e}); pass an --out-dir "
+                             "that a run (e.g. with --no-timing) wrote") from None
+        for r in doc.get("results", []):
+            flow_ = r.get("model") == name and (r.get("tilesmith") or {}).get(m)
+            home = Path(d) / name / m / "home"
+            if flow_ and home.is_dir():
+                return {**flow_, "home": str(home.resolve()), "reused_from": f"{d} ({doc.get('date', '?')})"}
     return None
 
 
@@ -382,9 +382,10 @@ def main() -> int:
                    help="optimize budget per model and mode; MODEL:MINUTES items for one model, e.g. 1.5,gpt2-train:3")
     r.add_argument("--no-timing", action="store_true",
                    help="run the flows only (capture, optimize, install); a later run times them with --reuse")
-    r.add_argument("--reuse", default=None, metavar="DIR",
-                   help="take each model's flow from DIR (an earlier run's --out-dir: its models.json and homes) "
-                        "where it has one, and run the others; every path is then timed in this run")
+    r.add_argument("--reuse", default=None, metavar="DIR[,DIR]",
+                   help="take each model's flow from DIR (an earlier run's --out-dir: its models.json and homes; "
+                        "several, comma-separated) where it has one, and run the others; every path is then timed "
+                        "in this run")
     r.add_argument("--loops", type=int, default=2,
                    help="accepted candidates per graph before its track ends (the README's flow: 2; the tuner's "
                         "second loop is where re-lowering and kernel settings go on top of a replay)")
