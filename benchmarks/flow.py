@@ -185,11 +185,15 @@ def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, 
         out_file = f"{out_dir}/{name.replace(' ', '_')}.pt"
         procs[name] = (subprocess.Popen(worker_cmd(name, out_file), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         text=True, bufsize=1), out_file)
-    left_out = {}
+    left_out, ready_after = {}, {}
     try:
-        ready_by = time.monotonic() + ready_s if ready_s else None
+        started = time.monotonic()
+        ready_by = started + ready_s if ready_s else None
         for name, (p, _) in list(procs.items()):
             line = _ready_line(p, None if name == names[0] else ready_by)
+            # Seconds from the workers' start to this one's first output (compile, autotune, capture; all paths
+            # compile at once, so each is an upper bound of its own compile): max-autotune's cost to a user.
+            ready_after[name] = round(time.monotonic() - started, 1)
             if line is None:
                 p.kill()
                 p.wait()
@@ -223,7 +227,7 @@ def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, 
         for n, (p, _) in procs.items():
             line = ask(p, "quit")
             extras[n] = json.loads(line) if line else {"error": f"worker exited (exit {p.poll()})"}
-            extras[n]["sampling"] = {"calls": plan[n][0], "warmup": plan[n][1]}
+            extras[n]["sampling"] = {"calls": plan[n][0], "warmup": plan[n][1], "ready_after_s": ready_after[n]}
             if n in profiles:
                 extras[n]["profile"] = profiles[n]
         return samples, errors, {**extras, **left_out}

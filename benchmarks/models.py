@@ -288,6 +288,8 @@ def run_model(name: str, p: dict, out: Path, a) -> dict:
         print(f"\n{name}: where a step goes, {p['profile_calls']} steps profiled per path")
         res["profile"] = profile_table({n: extras[n].pop("profile") for n in names})
     res["sampling"] = {n: extras[n].pop("sampling", None) for n in names}
+    print(f"{name}: ready (compiled, first output) after, s, at most: " + ", ".join(
+        f"{n} {(res['sampling'][n] or {}).get('ready_after_s')}" for n in names), flush=True)
     res["runtime"] = {n: extras[n] for n in names if n.startswith("tilesmith on ")}
     res.update(headline(res))
     return res

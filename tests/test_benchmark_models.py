@@ -182,6 +182,8 @@ def test_flows_run_in_one_call_are_timed_by_a_later_run_that_reuses_them(tmp_pat
     assert t["run_id"] == flow_["tilesmith"]["default"]["run_id"] and t["reused_from"].startswith(str(prep))
     assert not (timed / "tiny" / "default").exists()  # no flow ran here
     assert [x["path"] for x in r["rows"]] == ["eager", "compile default", "tilesmith on default"]
+    ready = [r["sampling"][n]["ready_after_s"] for n in ("eager", "compile default", "tilesmith on default")]
+    assert ready == sorted(ready) and ready[0] > 0  # read in order: each at most its own compile's end
     bad = _run("run", "--models", "tiny", "--device", "cpu", "--reuse", str(tmp_path / "nothing"), "--out-dir",
                str(tmp_path / "x"))
     assert bad.returncode != 0 and "no models.json from `models.py run` there" in bad.stderr
