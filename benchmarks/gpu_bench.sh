@@ -8,6 +8,9 @@
 #   3. the gate calibration with whatever time is left (A/A on the small example, power near 5 % on the same
 #      script at POWER_BATCH, default 32768: a 0.26 ms graph, where a 5 % slower copy can be made; seconds per decision)
 #   4. benchmark.py run (the small fixture), only when BENCH_SMALL=1
+# The whole suite over several calls (see CONTRIBUTING.md): FLOWS_ONLY=1 runs the flows alone (--no-timing) into
+# PREP_DIR (default .gpu/prep) and leaves them in $OUT/prep.tgz (models.json, each home's manifests and artifacts)
+# to unpack here and carry; REUSE=DIR[,DIR] times every model and mode over such flows (--reuse).
 # Logs and JSON land in $OUT. LIMIT is the wall seconds the whole pass may take; CAL_ARGS go to the calibration.
 set -u
 OUT=${OUT:-gpu-out}
@@ -15,17 +18,22 @@ LIMIT=${LIMIT:-575}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 left() { echo $((LIMIT - SECONDS)); }
+MODELS_OUT=/tmp/models-out
+[ -n "${FLOWS_ONLY:-}" ] && MODELS_OUT=${PREP_DIR:-.gpu/prep}
 
 [ "${MODELS:-}" = none ] || timeout $(( $(left) - 60 )) python3 benchmarks/models.py run --models "${MODELS:-moe,gpt2}" \
     --modes "${MODES:-default,reduce-overhead,max-autotune-no-cudagraphs}" --tilesmith-on "${TS_ON:-default,reduce-overhead}" \
     --max-minutes "${MAX_MINUTES:-0.75}" --loops "${LOOPS:-2}" --ready-minutes "${READY_MINUTES:-4}" --seconds "${SECONDS_PER_MODEL:-6}" --deadline-minutes 5 \
-    --out-dir /tmp/models-out > "$OUT/models.log" 2>&1
+    ${FLOWS_ONLY:+--no-timing} ${REUSE:+--reuse "$REUSE"} \
+    --out-dir "$MODELS_OUT" > "$OUT/models.log" 2>&1
 echo "models rc=$? after ${SECONDS} s" | tee -a "$OUT/models.log"
-cp /tmp/models-out/models.json "$OUT/" 2>/dev/null
+cp "$MODELS_OUT/models.json" "$OUT/" 2>/dev/null
 # The optimize runs' small files (run.json, baseline profiles or why they failed, every verdict with its stage
 # seconds, every screened variant with its error): where a decision's time went and why a track found nothing.
-(cd /tmp/models-out 2>/dev/null && find . -path '*/home/runs/*' \( -name 'verdict_*.json' -o -name run.json \
+(cd "$MODELS_OUT" 2>/dev/null && find . -path '*/home/runs/*' \( -name 'verdict_*.json' -o -name run.json \
     -o -name baseline.json -o -name baseline_error.json -o -name tuner_variants.jsonl \) -print0 | tar czf "$OUT/runs.tgz" --null -T -) 2>/dev/null
+[ -n "${FLOWS_ONLY:-}" ] && find "$MODELS_OUT" \( -name models.json -o -path '*/home/manifests/*' -o -path '*/home/artifacts/*' \) \
+    -print0 | tar czf "$OUT/prep.tgz" --null -T -  # unpack in the repo's root here, then carry .gpu
 tail -n 12 "$OUT/models.log"
 
 if [ "$(left)" -gt 50 ]; then
