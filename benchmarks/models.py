@@ -227,8 +227,24 @@ def _reused(name: str, m: str, reuse: str | None) -> dict | None:
             flow_ = r.get("model") == name and (r.get("tilesmith") or {}).get(m)
             home = Path(d) / name / m / "home"
             if flow_ and home.is_dir():
-                return {**flow_, "home": str(home.resolve()), "reused_from": f"{d} ({doc.get('date', '?')})"}
+                same = doc.get("code") == code_digest()
+                if not same:
+                    print(f"{name}: tilesmith on {m}: the flow in {d} was made by other code than this run's "
+                          f"(code {doc.get('code')} there, {code_digest()} here): its gate numbers are another version's", flush=True)
+                return {**flow_, "home": str(home.resolve()), "reused_from": f"{d} ({doc.get('date', '?')})",
+                        "same_code": same}
     return None
+
+
+def code_digest() -> str:
+    """The code a run measures: a digest of tilesmith's and the benchmarks' Python files (the GPU machine's copy
+    of the tree has no git history), so a run that reuses another's flows can tell whether the code was the same."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted([*ROOT.glob("tilesmith/**/*.py"), *ROOT.glob("tilesmith_cli/**/*.py"), *ROOT.glob("benchmarks/*.py")]):
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def run_model(name: str, p: dict, out: Path, a) -> dict:
@@ -306,7 +322,7 @@ def cmd_run(a) -> int:
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"plan": p, "torch": torch.__version__, "results": [], "date": time.strftime("%Y-%m-%d"),
-           "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"}
+           "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu", "code": code_digest()}
     t0 = time.monotonic()
     for name in p["models"]:
         if a.deadline_minutes and time.monotonic() - t0 > a.deadline_minutes * 60:

@@ -180,6 +180,7 @@ def test_flows_run_in_one_call_are_timed_by_a_later_run_that_reuses_them(tmp_pat
     r = json.loads((timed / "models.json").read_text())["results"][0]
     t = r["tilesmith"]["default"]
     assert t["run_id"] == flow_["tilesmith"]["default"]["run_id"] and t["reused_from"].startswith(str(prep))
+    assert t["same_code"] is True  # the flows' code and the timing's are the same files
     assert not (timed / "tiny" / "default").exists()  # no flow ran here
     assert [x["path"] for x in r["rows"]] == ["eager", "compile default", "tilesmith on default"]
     ready = [r["sampling"][n]["ready_after_s"] for n in ("eager", "compile default", "tilesmith on default")]
