@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import flow  # noqa: E402
+from benchmarks import models_reuse  # noqa: E402
 from benchmarks.models_table import headline, profile_table, summary  # noqa: E402,F401
 
 MODES = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
@@ -189,13 +190,13 @@ def per_model(spec: str, models: list[str], what: str) -> dict[str, str]:
 def plan(a, device: str) -> dict:
     models = [m for m in a.models.split(",") if m]
     modes = [m for m in (a.modes or ",".join(MODES if device.startswith("cuda") else MODES[::2])).split(",") if m]
-    bad = [m for m in models if m not in MODELS] + [m for m in modes if m not in MODES]
+    bad = [m for m in models if m not in MODELS]
     if bad:
         raise SystemExit(f"unknown model or mode: {', '.join(bad)}")
     ts_by = {m: [x for x in v.split(",") if x and x != "none"] for m, v in per_model(a.tilesmith_on, models,
                                                                                        "--tilesmith-on").items()}
     ts = list(dict.fromkeys(x for v in ts_by.values() for x in v))
-    bad = [x for x in ts if x not in MODES]
+    bad = [x for x in modes + ts if x not in MODES]
     if bad:
         raise SystemExit(f"unknown model or mode: {', '.join(bad)}")
     minutes_by = {}
@@ -213,41 +214,7 @@ def plan(a, device: str) -> dict:
             "profile_calls": profile_calls, "timing": not a.no_timing, "reuse": a.reuse}
 
 
-def _reused(name: str, m: str, reuse: str | None) -> dict | None:
-    """The flow of (model, mode) that an earlier `run` made (its --out-dir: models.json and the model's home;
-    `reuse` is one or several such folders, comma-separated, the first that has it wins), or None when none
-    has it (no result there, or its home is gone)."""
-    for d in [x for x in (reuse or "").split(",") if x]:
-        try:
-            doc = json.loads((Path(d) / "models.json").read_text())
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"--reuse {d}: no models.json from `models.py run` there ({e}); pass an --out-dir "
-                             "that a run (e.g. with --no-timing) wrote") from None
-        for r in doc.get("results", []):
-            flow_ = r.get("model") == name and (r.get("tilesmith") or {}).get(m)
-            home = Path(d) / name / m / "home"
-            if flow_ and home.is_dir():
-                same = doc.get("code") == code_digest()
-                if not same:
-                    print(f"{name}: tilesmith on {m}: the flow in {d} was made by other code than this run's "
-                          f"(code {doc.get('code')} there, {code_digest()} here): its gate numbers are another version's", flush=True)
-                return {**flow_, "home": str(home.resolve()), "reused_from": f"{d} ({doc.get('date', '?')})",
-                        "same_code": same}
-    return None
-
-
-def code_digest() -> str:
-    """The code a run measures: a digest of tilesmith's and the benchmarks' Python files (the GPU machine's copy
-    of the tree has no git history), so a run that reuses another's flows can tell whether the code was the same."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for f in sorted([*ROOT.glob("tilesmith/**/*.py"), *ROOT.glob("tilesmith_cli/**/*.py"), *ROOT.glob("benchmarks/*.py")]):
-        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:12]
-
-
-def run_model(name: str, p: dict, out: Path, a) -> dict:
+def run_model(name: str, p: dict, out: Path, a, reuse: list, code: str) -> dict:
     """The flow for each tilesmith mode, then every path interleaved; one model's results."""
     res: dict = {"model": name, "tilesmith": {}, "errors": []}
     homes = {}
@@ -256,7 +223,7 @@ def run_model(name: str, p: dict, out: Path, a) -> dict:
     capture_steps = "30" if p["device"].startswith("cuda") else "3"
     minutes = p["max_minutes_by_model"][name]
     for m in p["tilesmith_on_by_model"][name]:
-        earlier = _reused(name, m, p["reuse"])
+        earlier = models_reuse.reused(name, m, reuse, code)
         if earlier is not None:  # this code's flow, run by an earlier call (the device's 10-minute calls)
             homes[m] = earlier.pop("home")
             res["tilesmith"][m] = earlier
@@ -319,36 +286,24 @@ def cmd_run(a) -> int:
     if a.dry_run:
         print(json.dumps(p, indent=2))
         return 0
+    reuse, code = models_reuse.load(p["reuse"]), models_reuse.code_digest()  # before any flow or timing
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"plan": p, "torch": torch.__version__, "results": [], "date": time.strftime("%Y-%m-%d"),
-           "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu", "code": code_digest()}
+           "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu", "code": code}
     t0 = time.monotonic()
     for name in p["models"]:
         if a.deadline_minutes and time.monotonic() - t0 > a.deadline_minutes * 60:
             doc["results"].append({"model": name, "errors": ["skipped: --deadline-minutes reached"], "tilesmith": {}})
             continue
-        doc["results"].append(run_model(name, p, out, a))
+        doc["results"].append(run_model(name, p, out, a, reuse, code))
         if p["timing"]:
             doc["summary"] = summary(doc["results"])
         else:
-            _flows_table(doc["results"][-1])
+            models_reuse.flows_table(doc["results"][-1])
         (out / "models.json").write_text(json.dumps(doc, indent=2))
     print(f"wrote {out / 'models.json'}")
     return 0
-
-
-def _flows_table(r: dict) -> None:
-    """--no-timing: what each flow did (a later run with --reuse times it)."""
-    for m, t in r["tilesmith"].items():
-        statuses: dict = {}
-        for tr in t["tracks"]:
-            statuses[tr["status"]] = statuses.get(tr["status"], 0) + 1
-        best = [f"{tr['key'][:10]} {tr['speedup']:.3f}x" for tr in t["tracks"] if tr.get("speedup")]
-        print(f"{r['model']:12} tilesmith on {m}: run {t['run_id']} in {t['pipeline_s']} s, graphs by status "
-              f"{statuses}; accepted: {', '.join(best) or 'none'}", flush=True)
-    for e in r["errors"]:
-        print(f"{r['model']:12} {e[:300]}", flush=True)
 
 
 def cmd_summary(a) -> int:
