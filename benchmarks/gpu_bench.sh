@@ -11,7 +11,8 @@
 # The whole suite over several calls (see CONTRIBUTING.md): FLOWS_ONLY=1 runs the flows alone (--no-timing) into
 # PREP_DIR (default .gpu/prep) and leaves them in $OUT/prep.tgz (models.json, each home's manifests and artifacts)
 # to unpack here and carry; REUSE=DIR[,DIR] times every model and mode over such flows (--reuse).
-# Logs and JSON land in $OUT. LIMIT is the wall seconds the whole pass may take; CAL_ARGS go to the calibration.
+# Logs and JSON land in $OUT. LIMIT is the wall seconds the whole pass may take; CAL_ARGS go to the calibration,
+# CALIBRATE=0 skips it; DEADLINE_MINUTES (default 5): no model starts later; PROFILE_CALLS: steps profiled per path.
 set -u
 OUT=${OUT:-gpu-out}
 LIMIT=${LIMIT:-575}
@@ -23,7 +24,8 @@ MODELS_OUT=/tmp/models-out
 
 [ "${MODELS:-}" = none ] || timeout $(( $(left) - 60 )) python3 benchmarks/models.py run --models "${MODELS:-moe,gpt2}" \
     --modes "${MODES:-default,reduce-overhead,max-autotune-no-cudagraphs}" --tilesmith-on "${TS_ON:-default,reduce-overhead}" \
-    --max-minutes "${MAX_MINUTES:-0.75}" --loops "${LOOPS:-2}" --ready-minutes "${READY_MINUTES:-4}" --seconds "${SECONDS_PER_MODEL:-6}" --deadline-minutes 5 \
+    --max-minutes "${MAX_MINUTES:-0.75}" --loops "${LOOPS:-2}" --ready-minutes "${READY_MINUTES:-4}" --seconds "${SECONDS_PER_MODEL:-6}" \
+    --deadline-minutes "${DEADLINE_MINUTES:-5}" --profile-calls "${PROFILE_CALLS:-50}" \
     ${FLOWS_ONLY:+--no-timing} ${REUSE:+--reuse "$REUSE"} \
     --out-dir "$MODELS_OUT" > "$OUT/models.log" 2>&1
 echo "models rc=$? after ${SECONDS} s" | tee -a "$OUT/models.log"
@@ -48,7 +50,7 @@ if [ "${BENCH_SMALL:-0}" = 1 ] && [ "$(left)" -gt 200 ]; then
 fi
 
 budget=$(( $(left) - 40 ))
-if [ "$budget" -gt 90 ]; then
+if [ "${CALIBRATE:-1}" = 1 ] && [ "$budget" -gt 90 ]; then
     timeout $(( budget + 30 )) python3 benchmarks/gate_calibration.py --device cuda --budget-s "$budget" \
         --power-batch "${POWER_BATCH:-32768}" --out "$OUT/gate_calibration.json" ${CAL_ARGS:-} > "$OUT/gate_calibration.log" 2>&1
     echo "calibration rc=$? after ${SECONDS} s" >> "$OUT/gate_calibration.log"

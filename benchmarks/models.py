@@ -287,6 +287,12 @@ def cmd_run(a) -> int:
         print(json.dumps(p, indent=2))
         return 0
     reuse, code = models_reuse.load(p["reuse"]), models_reuse.code_digest()  # before any flow or timing
+    if device.startswith("cuda") and p["timing"]:
+        from tilesmith import native
+
+        # The replay's address check in C, as `tilesmith install` on this machine builds it (a reused flow's
+        # install ran on another machine): every tilesmith path's worker loads it.
+        print(f"the CUDA-graph replay's address check in C: {native.build()[1]}", flush=True)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"plan": p, "torch": torch.__version__, "results": [], "date": time.strftime("%Y-%m-%d"),

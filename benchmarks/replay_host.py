@@ -9,7 +9,9 @@ back to back, one synchronisation at the end, wall / N. Paths:
   lean, outputs dropped     tilesmith.cudagraph: the weights read in place (one address check),
                             the moving input copied in, the output handed out without a copy
   lean, nothing moves       the same with the same input tensor every call: only the address check
-                            (every argument read in place: one map of data_ptr over the list)
+                            (every argument read in place: one pass over the list, in C where
+                            tilesmith.native is built: this script builds it first, as install does)
+  ..., Python check         the same with the check in Python (what runs without that build)
   lean, output kept         the same while the caller keeps each output for one call (copied out)
   copy everything           what the replay did before: every input copied in (one _foreach_copy_
                             per dtype), replay, every output copied out
@@ -112,6 +114,7 @@ def paths(fn, ws, xs, torch):
 def pieces(fn, ws, xs, torch) -> dict:
     """Host time of each step of a lean replay on its own (us per call; launches synchronised at the end)."""
     from tilesmith import cudagraph_record as cg_rec
+    from tilesmith import native
 
     args = [xs[0], *ws]
     idx = list(range(1, len(args)))
@@ -119,6 +122,7 @@ def pieces(fn, ws, xs, torch) -> dict:
     st = ws[0].untyped_storage()
     dp, want = torch.Tensor.data_ptr, [ptrs[i] for i in idx]
     every = [x.data_ptr() for x in args]
+    packed = native.pack(every)
     dst = xs[1].clone()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -127,6 +131,8 @@ def pieces(fn, ws, xs, torch) -> dict:
         f"address check, {len(idx)} inputs (C++)": lambda: cg_rec._ptrs_equal(args, ptrs, idx),
         f"address check, {len(idx)} inputs (Python data_ptr)": lambda: [dp(args[i]) for i in idx] == want,
         f"address check, all {len(args)} (map data_ptr)": lambda: list(map(dp, args)) == every,
+        **({f"address check, all {len(args)} (tilesmith.native, C)": lambda: cg_rec._same_ptrs(args, packed)}
+           if cg_rec._same_ptrs is not None else {}),
         "storage use count (one output)": lambda: cg_rec._use_count(st._cdata),
         "current raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
         "capturing check": lambda: torch._C._cuda_isCurrentStreamCapturing(),
@@ -189,25 +195,41 @@ def main() -> int:
         print("replay_host: needs CUDA (the lean replay makes the plain call on CPU); nothing measured")
         Path(a.out).write_text(json.dumps({"skipped": "no CUDA"}))
         return 0
+    from tilesmith import native
+
+    built = native.build()[1]  # as `tilesmith install` does on a CUDA machine; before the replay is imported
+    print(f"the address check in C: {built}")
     fn, ws, xs = make(a.static, "cuda")
     ps, keep = paths(fn, ws, xs, torch)
     rows = []
     for name, call in ps.items():
         us = per_call_us(call, a.calls, a.reps, torch.cuda.synchronize)
         rows.append({"path": name, "median_us": statistics.median(us), "min_us": min(us), "samples_us": us})
+    from tilesmith import cudagraph, cudagraph_record
+
+    if cudagraph._same_ptrs is not None:  # the same path with the check in Python (no build, another torch)
+        cudagraph._same_ptrs = cudagraph_record._same_ptrs = None
+        try:
+            us = per_call_us(ps["lean, nothing moves"], a.calls, a.reps, torch.cuda.synchronize)
+        finally:
+            cudagraph._same_ptrs = cudagraph_record._same_ptrs = native.same_ptrs()
+        rows.append({"path": "lean, nothing moves, Python check", "median_us": statistics.median(us),
+                     "min_us": min(us), "samples_us": us})
     layouts = {k: keep[k].describe() for k in ("lean", "still", "kept")}
     stub_us, profile_top = bookkeeping(keep["still"], [xs[0], *ws], a.calls, a.reps, torch)
     rows.append({"path": "lean, nothing moves, replay stubbed", "median_us": statistics.median(stub_us),
                  "min_us": min(stub_us), "samples_us": stub_us})
     parts = pieces(fn, ws, xs, torch)
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "static_inputs": a.static,
+           "address_check": native.status(),
            "calls_per_sample": a.calls, "rows": rows, "lean_layouts": layouts, "pieces_us": parts,
            "profile_nothing_moves": profile_top,
            "date": time.strftime("%Y-%m-%d")}
     print(f"host time per call, {a.static} static inputs + 1 moving, on {doc['device']} (torch {doc['torch']})")
-    print(f"{'path':26} {'median us':>10} {'min us':>8}")
+    print(f"address check: {doc['address_check']}")
+    print(f"{'path':34} {'median us':>10} {'min us':>8}")
     for r in rows:
-        print(f"{r['path']:26} {r['median_us']:10.2f} {r['min_us']:8.2f}")
+        print(f"{r['path']:34} {r['median_us']:10.2f} {r['min_us']:8.2f}")
     print(f"lean layouts: {json.dumps(layouts)}")
     print("pieces of a replay, host us per call:")
     for k, v in parts.items():

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tilesmith import native
+
 if TYPE_CHECKING:
     from tilesmith.cudagraph import _Layout
 
@@ -19,6 +21,7 @@ MAX_GRAPH_BYTES = 2 << 30
 _ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)  # CUDA builds only
 _use_count = torch._C._storage_Use_Count
 _data_ptr = torch.Tensor.data_ptr
+_same_ptrs = native.same_ptrs()  # the address check in C where it is built (tilesmith.native), else None
 _detach = torch.Tensor.detach
 _capture_streams: dict = {}  # device index -> the side stream captures run on (one per process, as torch's)
 
@@ -41,6 +44,7 @@ class _Record:
                 raise _NotGraphable("an input with overlapping memory (a zero stride) moves between calls")
         self.ptrs = [real[i].data_ptr() if i in self.static_idx else None for i in range(len(real))]
         self.all_ptrs = self.ptrs if len(self.static_idx) == len(real) else None
+        self.packed = native.pack(self.all_ptrs) if self.all_ptrs is not None else None  # _same_ptrs reads these
         static: list = []
 
         def run():
@@ -123,7 +127,9 @@ class _Record:
         self.handed_only = [p[1] for p in self.plan] if simple else None
 
     def ptrs_ok(self, real: list) -> bool:
-        if self.all_ptrs is not None:  # every argument a tensor read in place: one pass in C over the list
+        if self.all_ptrs is not None:  # every argument a tensor read in place: one pass over the list
+            if _same_ptrs is not None:
+                return _same_ptrs(real, self.packed)
             return list(map(_data_ptr, real)) == self.all_ptrs
         if _ptrs_equal is not None:
             return _ptrs_equal(real, self.ptrs, self.static_idx)

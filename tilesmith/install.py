@@ -30,6 +30,7 @@ class InstallResult:
     run_id: str
     dry_run: bool
     graphs: list[GraphInstall] = field(default_factory=list)
+    native: str | None = None  # the replay's C address check: built, built already, or why not (CUDA only)
 
     @property
     def installed(self) -> list[GraphInstall]:
@@ -48,7 +49,19 @@ def install(run_id: str | None = None, *, dry_run: bool = False, force: bool = F
     tracks = sorted(p for p in rdir.iterdir() if p.is_dir() and store.is_key(p.name))
     for t in tracks:
         result.graphs.append(_install_track(run, t, dry_run=dry_run, force=force))
+    if not dry_run and _cuda():
+        # The CUDA-graph replay's address check in C (tilesmith.native): built here, once per machine and torch,
+        # because the runtime never compiles inside the user's program (without it the check runs in Python).
+        from tilesmith import native
+
+        result.native = native.build()[1]
     return result
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _install_track(run: dict, track: Path, *, dry_run: bool, force: bool) -> GraphInstall:

@@ -187,6 +187,54 @@ def test_gpu_graphed_reads_inputs_in_place_and_sees_in_place_updates(launch_grap
     assert lay["captures"] == 1 and lay["inputs_copied"] == 0 and lay["inputs_in_place"] >= 1
 
 
+@pytest.fixture(scope="module")
+def c_check(tmp_path_factory):
+    """tilesmith.native's address check, built here for real (as `tilesmith install` does on a CUDA machine)."""
+    from tilesmith import native
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TILESMITH_NATIVE_DIR", str(tmp_path_factory.mktemp("native")))
+    for name in ("_same", "_status", "_tried"):
+        mp.setattr(native, name, getattr(native, name))
+    try:
+        path, what = native.build()
+        assert path is not None, what
+        same = native.same_ptrs()
+        assert same is not None, native.status()
+        yield same
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("check", ["C", "Python"])
+def test_gpu_graphed_steady_state_sees_weights_moved_under_the_same_tensor_objects(launch_graph, c_check,
+                                                                                  monkeypatch, check):
+    """The steady-state path's address check, in C (tilesmith.native) and in Python: a `.data = ...` (as
+    module.to() does) keeps every tensor object and moves its memory; the next call must see the new
+    memory (capture again), never replay the old addresses."""
+    from tilesmith import cudagraph, cudagraph_record, loading
+
+    same = c_check if check == "C" else None
+    monkeypatch.setattr(cudagraph, "_same_ptrs", same)
+    monkeypatch.setattr(cudagraph_record, "_same_ptrs", same)
+    data, plain, wrapped = _modules(launch_graph)
+    args = loading.clone_args(data.inputs)
+    for _ in range(4):
+        _close(wrapped.call(list(args)), plain.call(list(args)))  # warm-up, capture, two steady-state replays
+    assert wrapped.call.describe()[0]["address_check"] == check
+    replays = wrapped.call.replays
+    moved = [x for x in args if isinstance(x, torch.Tensor) and x.dtype.is_floating_point]
+    assert moved
+    for x in moved:
+        x.data = (x * 0.5 + 0.25).clone()  # the same objects, new memory and new values
+    _close(wrapped.call(list(args)), plain.call(list(args)))
+    (lay,) = wrapped.call.describe()
+    assert lay["captures"] == 2 and lay["why_captured"][-1].startswith("inputs moved: ["), lay
+    assert wrapped.call.replays == replays + 1 and wrapped.call.plain_calls == 1
+    _close(wrapped.call(list(args)), plain.call(list(args)))  # and the steady state again, at the new addresses
+    assert wrapped.call.replays == replays + 2 and wrapped.call.describe()[0]["captures"] == 2
+
+
 def test_gpu_graphed_inputs_that_move_are_recorded_again_then_copied(launch_graph):
     from tilesmith import loading
 

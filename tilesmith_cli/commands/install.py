@@ -25,6 +25,8 @@ def install(
     console.out.print(console.table(title, ["graph", "kind", "speedup", "interval", "result", "why"], rows))
     n = len(result.installed)
     console.err.print(f"{n} artifact(s) installed" if not dry_run else "dry run", markup=False)
+    if result.native:
+        console.err.print(f"CUDA-graph replay's address check in C: {result.native}", markup=False)
 
 
 def _x(v) -> str:
