@@ -4,7 +4,7 @@
 #      torch.compile mode and tilesmith timed interleaved, each path in its own process). MODELS picks
 #      the models (two fit one call; e.g. MODELS=resnet18,gpt2-train for a second call; none: skip), TS_ON the
 #      modes tilesmith starts from, MODES the compile modes timed, MAX_MINUTES the optimize budget, LOOPS the accepted candidates per graph, READY_MINUTES how long a path may compile before it is left out.
-#   2. benchmarks/replay_host.py: host time per call of the lean CUDA-graph replay (~20 s)
+#   2. benchmarks/replay_host.py: host time per call of the lean CUDA-graph replay (~20 s, and its C check's build)
 #   3. the gate calibration with whatever time is left (A/A on the small example, power near 5 % on the same
 #      script at POWER_BATCH, default 32768: a 0.26 ms graph, where a 5 % slower copy can be made; seconds per decision)
 #   4. benchmark.py run (the small fixture), only when BENCH_SMALL=1
@@ -12,7 +12,7 @@
 # PREP_DIR (default .gpu/prep) and leaves them in $OUT/prep.tgz (models.json, each home's manifests and artifacts)
 # to unpack here and carry; REUSE=DIR[,DIR] times every model and mode over such flows (--reuse).
 # Logs and JSON land in $OUT. LIMIT is the wall seconds the whole pass may take; CAL_ARGS go to the calibration,
-# CALIBRATE=0 skips it; DEADLINE_MINUTES (default 5): no model starts later; PROFILE_CALLS: steps profiled per path.
+# CALIBRATE=0 and REPLAY_HOST=0 skip those; DEADLINE_MINUTES (default 5): no model starts later; PROFILE_CALLS: steps profiled per path.
 set -u
 OUT=${OUT:-gpu-out}
 LIMIT=${LIMIT:-575}
@@ -38,8 +38,8 @@ cp "$MODELS_OUT/models.json" "$OUT/" 2>/dev/null
     -print0 | tar czf "$OUT/prep.tgz" --null -T -  # unpack in the repo's root here, then carry .gpu
 tail -n 12 "$OUT/models.log"
 
-if [ "$(left)" -gt 50 ]; then
-    timeout 45 python3 benchmarks/replay_host.py --out "$OUT/replay_host.json" > "$OUT/replay_host.log" 2>&1
+if [ "${REPLAY_HOST:-1}" = 1 ] && [ "$(left)" -gt 80 ]; then
+    timeout 75 python3 benchmarks/replay_host.py --out "$OUT/replay_host.json" > "$OUT/replay_host.log" 2>&1
     cat "$OUT/replay_host.log"
 fi
 
