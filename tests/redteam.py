@@ -725,3 +725,176 @@ def _make(pending, filling, patcher, real_detach):
 
 _arm, _keep, _busy = _make({}, [], [], torch.Tensor.detach)
 ''')
+
+
+# -- a helper's red team, session 18: the window's own reads, the untimed calls, the dispatcher -------------------
+
+def computes_only_what_is_read(text: str) -> str:
+    """After its first call, every call returns a tuple *subclass* holding a plain, uncomputed tensor of the right
+    layout; the real call runs (into that tensor) only when the tuple is iterated or indexed. The timed window's
+    type check looks at the outputs only of an exact list or tuple (anything else it takes for a single output, and
+    a tuple is not a tensor), and only the reservoir's kept call and the last call are ever iterated (snapshot's
+    `list(out)`): those, and no others, are computed, inside the window, right. In correctness every call is read."""
+    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
+        if getattr(self, "rtlayout", None) is None:
+            out = self.real_call(args)
+            self.rtlayout = (out[0].size(), out[0].stride(), out[0].dtype)
+            return out
+        saved = list(args)
+        args.clear()
+        size, stride, dtype = self.rtlayout
+        return _WhenRead(torch.empty_strided(size, stride, dtype=dtype), self, saved)
+
+    def real_call(self, args):
+''', 1)
+    return _insert_before_runner(text, '''
+class _WhenRead(tuple):
+    """One output, computed the first time anything iterates or indexes the tuple."""
+
+    def __new__(cls, out, runner, args):
+        t = tuple.__new__(cls, (out, ))
+        t.pending = (runner, args)
+        return t
+
+    def force(self):
+        if self.pending is not None:
+            runner, args = self.pending
+            self.pending = None
+            with torch.no_grad():
+                tuple.__getitem__(self, 0).copy_(runner.real_call(list(args))[0])
+
+    def __iter__(self):
+        self.force()
+        return tuple.__iter__(self)
+
+    def __getitem__(self, i):
+        self.force()
+        return tuple.__getitem__(self, i)
+''')
+
+
+def precomputes_the_sample_in_its_untimed_calls(text: str) -> str:
+    """In the first of the untimed calls that op_time runs before the timed window (its warm-up, half a sample),
+    it reads the request from op_time's frame (`fill`, `perturb`, `start`, `reps`) and the pool from the worker's
+    State, rebuilds in copies exactly the values each buffer is about to be refilled with (the worker's own
+    `_set_content`, seeded from the request), and computes every timed call's outputs there, off the clock. In the
+    window each call looks its buffers' addresses up and returns the outputs computed for them: plain tensors, the
+    right values for every call (whichever is checked), an honest clock, no state the guard records changed. The
+    work is done, just not where it is timed."""
+    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
+        where, loc = _request()
+        if where == "warm-up":
+            _plan(self, loc)
+        elif where == "window":
+            got = _answer(args)
+            if got is not None:
+                args.clear()
+                return got
+        return self.real_call(args)
+
+    def real_call(self, args):
+''', 1)
+    return _insert_before_runner(text, '''
+import operator as _operator
+import torch._dynamo.utils
+
+_ag = _operator.attrgetter
+_sys = torch._dynamo.utils.sys
+
+
+def _key(inputs):
+    return tuple(x.data_ptr() if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def _make():
+    memo = {}  # the addresses of a timed call's inputs -> its outputs, computed in the untimed calls
+    planned = []  # the request last planned
+
+    def request():
+        f = _ag("_getframe")(_sys)(1)
+        window = False
+        while f is not None:
+            name = f.f_code.co_name
+            window = window or name == "_timed_window"
+            if name == "op_time":
+                return ("window" if window else "warm-up"), _ag("f_locals")(f)
+            f = _ag("f_back")(f)
+        return None, None
+
+    def plan(runner, loc):
+        req, st = loc.get("req"), loc.get("st")
+        if req is None or st is None or not req.get("fill") or (planned and planned[0] is req):
+            return
+        planned[:] = [req]
+        memo.clear()
+        worker = _sys.modules["__main__"]
+        role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
+        bufs = st.bufs[role]
+        for i in range(reps):
+            b = (k + i) % len(bufs)
+            ins = [x.clone() if isinstance(x, torch.Tensor) else x for x in bufs[b]]
+            worker._set_content(st, ins, st.pool[role][req["fill"][b]], req.get("perturb"), b)
+            with torch.no_grad():
+                memo[_key(bufs[b])] = runner.real_call(list(ins))
+
+    def answer(args):
+        return memo.pop(_key(args), None)
+    return request, plan, answer
+
+
+_request, _plan, _answer = _make()
+''')
+
+
+def fills_its_outputs_through_the_dispatcher(text: str) -> str:
+    """`fills_its_outputs_when_checked` again, through torch's dispatcher instead of a Python attribute: at its
+    first load it registers a Python kernel for `aten::detach` on the CPU key (torch.library, a public API; the
+    kernel table is in C++, in no namespace the guard or gate.patches records, and torch's own C methods the
+    digest calls, PRIMS, dispatch to it; _DisableTorchDispatch switches off the Python key only). In the timed
+    instance (its second load) every call after the first returns a plain uncomputed tensor of the right layout
+    and notes its inputs; the kernel, called by the worker's digest on the kept call's and the last call's outputs
+    after the window closed, computes exactly those into them. The other calls never run."""
+    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
+        if not _TIMED or getattr(self, "rtlayout", None) is None:
+            out = self.real_call(args)
+            self.rtlayout = (out[0].size(), out[0].stride(), out[0].dtype)
+            return out
+        size, stride, dtype = self.rtlayout
+        out = torch.empty_strided(size, stride, dtype=dtype)
+        _note(out, self, list(args))
+        args.clear()
+        return (out, )
+
+    def real_call(self, args):
+''', 1)
+    return _insert_before_runner(text, '''
+import string as _string
+import torch.library
+
+_TIMED = getattr(_string, "rtloads", 0) >= 1
+_string.rtloads = getattr(_string, "rtloads", 0) + 1
+
+
+def _make(pending):
+    def detach(x):
+        got = pending.pop(x.data_ptr(), None)
+        if got is not None and got[0] is x:
+            runner, args = got[1], got[2]
+            with torch.no_grad():
+                x.copy_(runner.real_call(list(args))[0])
+        return torch.ops.aten.alias.default(x)
+
+    def note(out, runner, args):
+        pending[out.data_ptr()] = (out, runner, args)
+        while len(pending) > 128:
+            pending.pop(next(iter(pending)))
+    return detach, note
+
+
+if getattr(_string, "rtstate", None) is None:
+    _detach, _note = _make({})
+    _lib = torch.library.Library("aten", "IMPL")
+    _lib.impl("detach", _detach, "CPU")
+    _string.rtstate = (_lib, _note)
+_note = _string.rtstate[1]
+''')

@@ -21,6 +21,7 @@ from tilesmith import sandbox
 from tilesmith.gate import Policy, judge, static
 
 KEY = "sk-redteam-" + "7" * 24
+_SCREEN = static.screen  # bound at import, before any fixture switches it off
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +79,28 @@ CHEATS = [
     (redteam.fills_its_outputs_when_checked, "process-state", "timing"),
 ]
 
+# A helper's red team, session 18: accepted by this gate (measured on the 2-core VM, confirmed in the second pass).
+_HOLE = "accepted by the gate as it stands (a real hole): "
+NEW_CHEATS = [
+    # A tuple subclass: the window's type check looks inside exact lists and tuples only, and snapshot's list(out)
+    # runs its __iter__: only the reservoir's kept call and the last call are computed (2.87x, low 2.38x; 2.76x).
+    pytest.param(redteam.computes_only_what_is_read, "output-type", "timing", marks=pytest.mark.xfail(
+        strict=True, reason=_HOLE + "a tuple subclass as the output container is neither type-checked nor plain")),
+    # The request's fill and perturb seed read from op_time's frame in the untimed warm-up calls, every timed call's
+    # outputs computed there, off the clock (25.6x, low 22.5x; 21.2x).
+    pytest.param(redteam.precomputes_the_sample_in_its_untimed_calls, "process-state", "timing",
+                 marks=pytest.mark.xfail(strict=True, reason=_HOLE + "candidate code runs off the clock (op_time's "
+                                                                     "warm-up) after the timed inputs are known")),
+    # A Python kernel for aten::detach (torch.library): the digest's C methods dispatch to it, after the window
+    # (28.9x, low 24.8x; 24.2x).
+    pytest.param(redteam.fills_its_outputs_through_the_dispatcher, "process-state", "timing",
+                 marks=pytest.mark.xfail(strict=True, reason=_HOLE + "the dispatcher's kernel table is not guarded")),
+]
+
 
 def test_every_red_team_cheat_passes_the_static_screen(inf_graph, tmp_path):
     text = (inf_graph / "wrapper.py").read_text()
-    made = [m(text) for m, _, _ in CHEATS] + [redteam.remembers_outputs_by_input_content(text),
+    made = [m(text) for m, _, _ in CHEATS] + [p.values[0](text) for p in NEW_CHEATS] + [redteam.remembers_outputs_by_input_content(text),
                                               redteam.remembers_outputs_by_address_and_first_value(text),
                                               redteam.escapes(text, "/tmp", "/x", "/y", "http://127.0.0.1:9/")]
     assert [static.screen(t) for t in made] == [[]] * len(made)
@@ -95,6 +114,17 @@ def test_gate_rejects_a_cheat_the_screen_missed_for_the_right_reason(inf_graph, 
     v = _judge(inf_graph, maker((inf_graph / "wrapper.py").read_text()), tmp_path)
     assert not v.accepted
     assert v.codes == [code] and v.stage in ((stage,) if isinstance(stage, str) else stage), v.reasons
+
+
+@pytest.mark.parametrize("maker,code,stage", NEW_CHEATS, ids=[p.values[0].__name__ for p in NEW_CHEATS])
+def test_gate_rejects_a_new_cheat_the_screen_missed(inf_graph, tmp_path, screen_off, monkeypatch, maker, code, stage):
+    """The session-18 cheats, each judged as the ones above (the screen has nothing to flag: asserted first)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    text = maker((inf_graph / "wrapper.py").read_text())
+    assert _SCREEN(text) == []  # the real screen (the fixture has switched it off for judge)
+    v = _judge(inf_graph, text, tmp_path)
+    assert not v.accepted, (v.first.timing, v.confirmation and v.confirmation.timing)
+    assert v.codes == [code] and v.stage == stage, v.reasons
 
 
 def test_code_that_misbehaves_only_with_the_captured_weights_is_caught_by_the_set_that_has_them(
