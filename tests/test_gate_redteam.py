@@ -79,28 +79,36 @@ CHEATS = [
     (redteam.fills_its_outputs_when_checked, "process-state", "timing"),
 ]
 
-# A helper's red team, session 18: accepted by this gate (measured on the 2-core VM, confirmed in the second pass).
+# A helper's red team, session 18 (measured on the 2-core VM; "accepted" means confirmed in the second pass too).
 _HOLE = "accepted by the gate as it stands (a real hole): "
 NEW_CHEATS = [
-    # A tuple subclass: the window's type check looks inside exact lists and tuples only, and snapshot's list(out)
-    # runs its __iter__: only the reservoir's kept call and the last call are computed (2.87x, low 2.38x; 2.76x).
-    pytest.param(redteam.computes_only_what_is_read, "output-type", "timing", marks=pytest.mark.xfail(
-        strict=True, reason=_HOLE + "a tuple subclass as the output container is neither type-checked nor plain")),
+    # A tuple subclass: the window type-checked only inside exact lists and tuples, and snapshot's list(out) ran its
+    # __iter__: only the reservoir's kept call and the last call were computed (accepted at 2.87x, low 2.38x;
+    # confirmed 2.76x). The window now requires an exact tuple or list (or a lone plain tensor).
+    (redteam.computes_only_what_is_read, "output-type", "timing"),
     # The request's fill and perturb seed read from op_time's frame in the untimed warm-up calls, every timed call's
-    # outputs computed there, off the clock (25.6x, low 22.5x; 21.2x).
+    # outputs computed there, off the clock (25.6x, low 22.5x; confirmed 21.2x). Not fixed here: see the report
+    # (the warm-up in a request of its own, before the timed inputs reach the process).
     pytest.param(redteam.precomputes_the_sample_in_its_untimed_calls, "process-state", "timing",
                  marks=pytest.mark.xfail(strict=True, reason=_HOLE + "candidate code runs off the clock (op_time's "
                                                                      "warm-up) after the timed inputs are known")),
-    # A Python kernel for aten::detach (torch.library): the digest's C methods dispatch to it, after the window
-    # (28.9x, low 24.8x; 24.2x).
-    pytest.param(redteam.fills_its_outputs_through_the_dispatcher, "process-state", "timing",
-                 marks=pytest.mark.xfail(strict=True, reason=_HOLE + "the dispatcher's kernel table is not guarded")),
+    # A Python kernel for aten::detach (torch.library), called by the digest's bound C methods after the window
+    # (28.9x, low 24.8x; confirmed 24.2x). The worker guard now records the kernels behind the worker's own ops.
+    (redteam.fills_its_outputs_through_the_dispatcher, "process-state", "load"),
+    # The same kernel, registered by the timed instance's calls and removed by itself after the window's last call
+    # (42.2x, low 28.1x; confirmed 29.5x): found by the check after time_setup (it registered in the warm-up calls),
+    # and by the checks before the refill and after the window's calls where it would register only there.
+    (redteam.fills_through_the_dispatcher_only_while_timed, "process-state", "timing"),
 ]
+
+
+def _maker(case):
+    return (case.values if hasattr(case, "values") else case)[0]  # a pytest.param or a plain tuple
 
 
 def test_every_red_team_cheat_passes_the_static_screen(inf_graph, tmp_path):
     text = (inf_graph / "wrapper.py").read_text()
-    made = [m(text) for m, _, _ in CHEATS] + [p.values[0](text) for p in NEW_CHEATS] + [redteam.remembers_outputs_by_input_content(text),
+    made = [m(text) for m, _, _ in CHEATS] + [_maker(c)(text) for c in NEW_CHEATS] + [redteam.remembers_outputs_by_input_content(text),
                                               redteam.remembers_outputs_by_address_and_first_value(text),
                                               redteam.escapes(text, "/tmp", "/x", "/y", "http://127.0.0.1:9/")]
     assert [static.screen(t) for t in made] == [[]] * len(made)
@@ -116,7 +124,7 @@ def test_gate_rejects_a_cheat_the_screen_missed_for_the_right_reason(inf_graph, 
     assert v.codes == [code] and v.stage in ((stage,) if isinstance(stage, str) else stage), v.reasons
 
 
-@pytest.mark.parametrize("maker,code,stage", NEW_CHEATS, ids=[p.values[0].__name__ for p in NEW_CHEATS])
+@pytest.mark.parametrize("maker,code,stage", NEW_CHEATS, ids=[_maker(c).__name__ for c in NEW_CHEATS])
 def test_gate_rejects_a_new_cheat_the_screen_missed(inf_graph, tmp_path, screen_off, monkeypatch, maker, code, stage):
     """The session-18 cheats, each judged as the ones above (the screen has nothing to flag: asserted first)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "2")

@@ -37,6 +37,7 @@ _MARK_FD = -1  # the socket timed windows are marked on (main sets it before the
 _MARK_ID = None  # that socket's identity, (st_dev, st_ino): a descriptor redirected to anything else is seen
 _TENSOR = torch.Tensor
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
+_DISPATCH = None  # worker_guard.dispatch_state(): main sets it before the worker guard records this module
 
 
 class State:
@@ -208,7 +209,8 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
     clock.timed: everything it uses is an argument, bound by op_time before the request's first candidate call,
     a local of this frame, which code run by a call cannot rebind without writing the interpreter's memory.
     `marks`: (send a mark, the mark socket still ours?)."""
-    perf, spin, sync, urandom, snapshot, prims, tensor, type_, isinstance_, from_bytes, seqs, calls, error = tools
+    perf, spin, sync, urandom, snapshot, prims, tensor, type_, isinstance_, from_bytes, seqs, calls, error, moved = tools
+    tuple_, map_, ddump, dtable, dnames, dtables, dstate = moved
     kept, kept_i, last, odd, redirected = None, -1, None, "", False
     sync()
     if marks is not None:
@@ -224,11 +226,16 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
         # Plain tensors only: a subclass can return at once and do the work only when a value is read, after the
         # clock stopped (a red-team cheat was accepted at 27x that way: the two kept calls were forced, right, by
         # the digest; no other call ever ran).
+        # ... in an exact tuple or list (or alone): a subclass of either is iterated by snapshot's list(out), its
+        # __iter__ candidate code that knew which calls were kept (a red-team cheat computed only those, at 2.9x).
         if not odd:
-            for o in (last if type_(last) in seqs else (last,)):
-                if isinstance_(o, tensor) and type_(o) is not tensor:
-                    odd = type_(o).__name__
-                    break
+            if type_(last) in seqs:
+                for o in last:
+                    if isinstance_(o, tensor) and type_(o) is not tensor:
+                        odd = type_(o).__name__
+                        break
+            elif type_(last) is not tensor:
+                odd = type_(last).__name__
         # Reservoir sampling, drawn after the call returned: every call of the sample equally likely to be kept.
         # Only the candidate's kept outputs are checked: the baseline's copy (a clone in graph and trees modes,
         # inside its timed sample) would be a cost only the baseline pays.
@@ -239,12 +246,16 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
     if marks is not None:
         marks[0]()
         redirected = redirected or not marks[1]()
+    # Before the snapshot and digest dispatch anything: a kernel the candidate registered is in place now.
+    if tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) != dstate:
+        raise error("the candidate changes process state: it registers a kernel for an op the gate worker runs on "
+                    "its outputs", code="process-state")
     if redirected:
         raise error("the socket the timed window is marked on was pointed elsewhere during the request: the window "
                     "the parent measures could be forged", code="timing-forged")
     if odd:
-        raise error(f"a timed call returned a {odd[:60]}, not a plain torch.Tensor: its values could be worked out "
-                    "after the clock stopped", code="output-type")
+        raise error(f"a timed call returned a {odd[:60]}, not a plain torch.Tensor in a plain tuple or list: its values "
+                    "could be worked out after the clock stopped", code="output-type")
     return t1 - t0, kept, kept_i, last
 
 
@@ -263,8 +274,12 @@ def op_time(st: State, req: dict) -> dict:
 
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     snapshot, digest, prims, timed_window = _snapshot, outputs_digest, PRIMS, _timed_window
+    # The dispatcher's kernels for the ops this request runs on tensors (worker_guard.dispatch_state), compared inline
+    # by C functions and builtins bound now (no Python function whose code could be swapped and put back): before the
+    # refill (the warm-up calls below are candidate code) and after the window's calls.
+    moved = (tuple, map) + (_DISPATCH or (None, None, (), (), ()))
     tools = (_clock_ns, _spin, _device_sync, _urandom, snapshot, prims, _TENSOR, type, isinstance, int.from_bytes,
-             (list, tuple), range(reps), TilesmithError)
+             (list, tuple), range(reps), TilesmithError, moved)
     # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (proc._mark_socket),
     # and a check that the descriptor still is that socket (none where op_time runs without a parent, in a test).
     marks = ((functools.partial(_write, _MARK_FD, clock.WINDOW_MARK), functools.partial(_same_file, os.fstat, _MARK_FD,
@@ -290,6 +305,10 @@ def op_time(st: State, req: dict) -> dict:
         # values the buffers still hold, from the last sample: the timed calls' values are new to them.
         for i in range(max(1, reps // 2)):
             thunks[(k + i) % n]()
+    tuple_, map_, ddump, dtable, dnames, dtables, dstate = moved
+    if tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) != dstate:
+        raise TilesmithError("the candidate changes process state: it registers a kernel for an op the gate worker "
+                             "runs on its inputs", code="process-state")
     # The refill runs with the process's thread count: changing it here would make the first timed call
     # start a new thread team.
     for b, c in enumerate(req.get("fill") or []):
@@ -437,17 +456,19 @@ def main(fd: int, mark_fd: int = -1) -> None:
     device = os.environ.get("TILESMITH_GATE_DEVICE", "cpu")
     warm_inductor(device)
     warm_device(device)
-    global _STARTUP_S, _MARK_FD, _MARK_ID
+    global _STARTUP_S, _MARK_FD, _MARK_ID, _DISPATCH
     _STARTUP_S = (_perf_ns() - _T0_NS) / 1e9
     if mark_fd >= 0:
         st_ = os.fstat(mark_fd)
         _MARK_FD, _MARK_ID = mark_fd, (st_.st_dev, st_.st_ino)
     # Before any candidate code: the worker's own code and state, and what checks and sends (worker_guard.py),
     # held in this frame. Each reply goes out only if nothing of it moved; else a failure made beforehand.
+    _DISPATCH = worker_guard.dispatch_state()
     g = worker_guard.build([OPS])
     all_, map_, getattr_, is_, getitem, len_, tuple_ = g.bound
     objs, names, vals, dicts, keys, dvals, tables, sizes = g.objs, g.names, g.vals, g.dicts, g.keys, g.dvals, g.tables, g.sizes
     encode, decode, write, failed = g.encode, g.decode, g.write, g.failed
+    ddump, dtable, dnames, dtables, dstate = g.dispatch
     del g
     for line in sys.stdin:
         req = decode(line)
@@ -467,7 +488,8 @@ def main(fd: int, mark_fd: int = -1) -> None:
             reply = {"ok": False, "code": code, "error": f"{type(e).__name__}: {e}"}
         try:  # a recorded global deleted, a closure cell emptied: moved, as a replaced one is
             intact = (all_(map_(is_, map_(getattr_, objs, names), vals))
-                      and all_(map_(is_, map_(getitem, dicts, keys), dvals)) and tuple_(map_(len_, tables)) == sizes)
+                      and all_(map_(is_, map_(getitem, dicts, keys), dvals)) and tuple_(map_(len_, tables)) == sizes
+                      and tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) == dstate)
         except Exception:  # noqa: BLE001
             intact = False
         data = (encode(reply) + "\n").encode() if intact else failed

@@ -14,6 +14,14 @@ shorter, and each was accepted on the original's own code. Here, before any cand
   anything moved, it writes a reply made here beforehand (`failed`) with os.write.
 
 The replies are encoded by a private JSON encoder and written with os.write, both bound here.
+
+The dispatcher's kernel table is process state too, and none of the above sees it: a Python kernel registered
+through torch.library (for `aten::detach` on the CPU key) ran inside the digest's bound C methods after the window
+closed and filled only the kept outputs (tests/redteam.py, accepted at 28.9x). `dispatch_state` records, before any
+candidate code, torch's own description of every kernel and fallback behind the ops the worker itself runs once
+candidate code has run (DISPATCH_OPS: the refill, the kept outputs' snapshot and digest, their copy to disk); the
+worker compares it after every request and, within a timed request, right before the refill and right after the
+window's calls, where a kernel the candidate registered must still be in place to act.
 Not covered: memory written through ctypes, or a frame's locals changed through the C API.
 """
 
@@ -24,6 +32,41 @@ import operator
 import os
 import sys
 import types
+
+
+# The aten ops (every overload) the worker runs once candidate code has run: worker._set_content and _refill,
+# worker_tensors.snapshot, outputs_digest and _to_cpu, torch.save of the kept outputs.
+DISPATCH_OPS = ("detach", "alias", "clone", "copy_", "view", "reshape", "_reshape_alias", "_unsafe_view", "contiguous",
+                "as_strided", "to", "_to_copy", "rand", "randint", "uniform_", "random_", "mul", "mul_", "add", "add_",
+                "sub", "rsub", "empty", "empty_strided", "empty_like", "fill_", "lift_fresh", "_local_scalar_dense")
+# Ops whose computed table (every dispatch key, backend fallbacks included) is compared too: a Python fallback on a
+# key applies to every op without its own kernel there.
+DISPATCH_TABLES = ("aten::detach", "aten::copy_", "aten::clone")
+
+
+def dispatch_names() -> tuple:
+    import torch
+
+    out = []
+    for name in DISPATCH_OPS:
+        packet = getattr(torch.ops.aten, name, None)
+        for ov in (packet.overloads() if packet is not None else []):
+            qual = f"aten::{name}" + ("" if ov == "default" else f".{ov}")
+            try:
+                torch._C._dispatch_dump(qual)
+            except RuntimeError:
+                continue
+            out.append(qual)
+    return tuple(out)
+
+
+def dispatch_state() -> tuple:
+    """(dump, dump_table, names, tables, recorded state): the check is `(*map(dump, names), *map(dump_table, tables))
+    == state`, with these C functions bound now."""
+    import torch
+
+    dump, table, names = torch._C._dispatch_dump, torch._C._dispatch_dump_table, dispatch_names()
+    return dump, table, names, DISPATCH_TABLES, tuple(map(dump, names)) + tuple(map(table, DISPATCH_TABLES))
 
 
 def _entries(mod) -> list[tuple]:
@@ -65,9 +108,11 @@ class Guard:
         self.sizes = tuple(len(d) for d in self.tables)
         self.bound = (all, map, getattr, operator.is_, operator.getitem, len, tuple)
         self.encode, self.decode, self.write = enc.encode, dec.decode, os.write
+        self.dispatch = dispatch_state()
         self.failed = (json.dumps({"ok": False, "code": "process-state", "error": (
             "the candidate changes process state: it replaces the gate worker's own code or state (a function's code, "
-            "an entry of its op table, its reply encoder), which measures and reports the timings")}) + "\n").encode()
+            "an entry of its op table, its reply encoder, a kernel of an op the worker runs), which measures and "
+            "reports the timings")}) + "\n").encode()
 
 
 MODULES = ("__main__", "tilesmith.clock", "tilesmith.gate.worker_tensors", "tilesmith.gate.worker_outputs",
