@@ -727,7 +727,7 @@ _arm, _keep, _busy = _make({}, [], [], torch.Tensor.detach)
 ''')
 
 
-# -- a helper's red team, session 18: the window's own reads, the untimed calls, the dispatcher -------------------
+# -- a helper's red team, session 19: the window's own reads, the untimed calls, the dispatcher -------------------
 
 def computes_only_what_is_read(text: str) -> str:
     """After its first call, every call returns a tuple *subclass* holding a plain, uncomputed tensor of the right
@@ -952,4 +952,153 @@ def _make(pending, lib):
 if getattr(_string, "rtnote", None) is None:
     _string.rtnote = _make({}, [])
 _note = _string.rtnote
+''')
+
+
+def precomputes_from_a_profile_hook(text: str) -> str:
+    """`precomputes_the_sample_in_its_untimed_calls` once the warm-up is a request of its own (worker.op_warm, sent
+    before the sample's input values exist): in a warm-up call it sets a profile function (sys.setprofile, reached
+    as an attribute of a torch module's `sys`). The function runs at the worker's next call event: the worker
+    decoding the sample's request, whose line is a local of its frame. It reads `fill` and `perturb` there, computes
+    every timed call's outputs off the clock, as that cheat does, and removes itself; the window answers by the
+    buffers' addresses. Nothing the guard records is changed when the request ends."""
+    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
+        if _in("op_warm"):
+            _arm(self)
+        elif _in("_timed_window"):
+            got = _answer(args)
+            if got is not None:
+                args.clear()
+                return got
+        return self.real_call(args)
+
+    def real_call(self, args):
+''', 1)
+    return _insert_before_runner(text, '''
+import operator as _operator
+import torch._dynamo.utils
+
+_ag = _operator.attrgetter
+_sys = torch._dynamo.utils.sys
+
+
+def _in(name):
+    f = _ag("_getframe")(_sys)(1)
+    while f is not None:
+        if f.f_code.co_name == name:
+            return True
+        f = _ag("f_back")(f)
+    return False
+
+
+def _key(inputs):
+    return tuple(x.data_ptr() if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def _make():
+    memo = {}
+
+    def plan(runner, req, st):
+        memo.clear()
+        worker = _sys.modules["__main__"]
+        role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
+        bufs = st.bufs[role]
+        for i in range(reps):
+            b = (k + i) % len(bufs)
+            ins = [x.clone() if isinstance(x, torch.Tensor) else x for x in bufs[b]]
+            worker._set_content(st, ins, st.pool[role][req["fill"][b]], req.get("perturb"), b)
+            with torch.no_grad():
+                memo[_key(bufs[b])] = runner.real_call(list(ins))
+
+    def arm(runner):
+        setprofile = _ag("setprofile")(_sys)
+
+        def hook(frame, event, arg):
+            loc = _ag("f_locals")(frame) if frame.f_code.co_name == "main" else {}
+            line = loc.get("line")
+            if isinstance(line, str) and '"time"' in line:
+                setprofile(None)
+                req = _sys.modules["json"].loads(line)
+                if req.get("op") == "time" and req.get("role") == "candidate" and req.get("fill"):
+                    plan(runner, req, loc["st"])
+        setprofile(hook)
+
+    def answer(args):
+        return memo.pop(_key(args), None)
+    return arm, answer
+
+
+_arm, _answer = _make()
+''')
+
+
+def fills_its_outputs_from_a_profile_hook(text: str) -> str:
+    """The timed instance's calls inside the window return uncomputed plain tensors of the right layout (noting
+    which inputs each was for); the first of them sets a profile function (sys.setprofile, reached through a torch
+    module's `sys`) that runs at the worker's first call event after the window, reads which call the reservoir
+    kept from the worker's frame, computes exactly the kept call's and the last call's outputs into the tensors it
+    handed out, and removes itself: the snapshot and the digest then read right values, and the other calls never
+    ran. Nothing the guard records is changed when the request ends."""
+    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
+        if getattr(self, "rtlayout", None) is not None and _in("_timed_window"):
+            size, stride, dtype = self.rtlayout
+            out = torch.empty_strided(size, stride, dtype=dtype)
+            _note(self, out, list(args))
+            args.clear()
+            return (out,)
+        out = self.real_call(args)
+        self.rtlayout = (out[0].size(), out[0].stride(), out[0].dtype)
+        return out
+
+    def real_call(self, args):
+''', 1)
+    return _insert_before_runner(text, '''
+import operator as _operator
+import torch._dynamo.utils
+
+_ag = _operator.attrgetter
+_sys = torch._dynamo.utils.sys
+
+
+def _in(name):
+    f = _ag("_getframe")(_sys)(1)
+    while f is not None:
+        if f.f_code.co_name == name:
+            return True
+        f = _ag("f_back")(f)
+    return False
+
+
+def _make():
+    noted = {}  # id of an uncomputed output -> (runner, output, its inputs)
+    setprofile = _ag("setprofile")(_sys)
+
+    def fill(outs):
+        for o in (outs if isinstance(outs, (tuple, list)) else (outs,)):
+            got = noted.get(id(o))
+            if got is not None and got[1] is o:
+                with torch.no_grad():
+                    o.copy_(got[0].real_call(list(got[2]))[0])
+
+    def hook(frame, event, arg):
+        f = frame
+        while f is not None and f.f_code.co_name != "op_time":
+            f = _ag("f_back")(f)
+        if f is None:
+            return
+        loc = _ag("f_locals")(f)
+        if "last" not in loc or loc.get("last") is None:
+            return  # still inside the window
+        setprofile(None)
+        fill(loc.get("kept"))
+        fill(loc.get("last"))
+        noted.clear()
+
+    def note(runner, out, inputs):
+        setprofile(hook)  # again in every call: the worker may have cleared it after the last one
+        noted[id(out)] = (runner, out, inputs)
+    return note
+
+
+_note = _make()
 ''')

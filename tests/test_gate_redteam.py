@@ -79,19 +79,27 @@ CHEATS = [
     (redteam.fills_its_outputs_when_checked, "process-state", "timing"),
 ]
 
-# A helper's red team, session 18 (measured on the 2-core VM; "accepted" means confirmed in the second pass too).
-_HOLE = "accepted by the gate as it stands (a real hole): "
+# A helper's red team, session 19 (each was accepted, confirmed in the second pass, before the change noted; measured
+# on the 2-core VM).
 NEW_CHEATS = [
     # A tuple subclass: the window type-checked only inside exact lists and tuples, and snapshot's list(out) ran its
     # __iter__: only the reservoir's kept call and the last call were computed (accepted at 2.87x, low 2.38x;
     # confirmed 2.76x). The window now requires an exact tuple or list (or a lone plain tensor).
     (redteam.computes_only_what_is_read, "output-type", "timing"),
     # The request's fill and perturb seed read from op_time's frame in the untimed warm-up calls, every timed call's
-    # outputs computed there, off the clock (25.6x, low 22.5x; confirmed 21.2x). Not fixed here: see the report
-    # (the warm-up in a request of its own, before the timed inputs reach the process).
-    pytest.param(redteam.precomputes_the_sample_in_its_untimed_calls, "process-state", "timing",
-                 marks=pytest.mark.xfail(strict=True, reason=_HOLE + "candidate code runs off the clock (op_time's "
-                                                                     "warm-up) after the timed inputs are known")),
+    # outputs computed there, off the clock (25.6x, low 22.5x; confirmed 21.2x). The warm-up is now a request of its
+    # own (worker.op_warm), sent before the sample's values exist: the cheat finds none and is the original again.
+    (redteam.precomputes_the_sample_in_its_untimed_calls, "not-faster", "timing"),
+    # Its answer to that: a profile function set in a warm-up call runs at the worker's decoding of the sample's
+    # request and computes the outputs there. Accepted at 16x before the worker refused to end a request with a
+    # profile or trace function set (before that refusal existed, timing.work_before_window caught it: its windows
+    # opened 1.8-4.5 ms later after their requests than the original's).
+    (redteam.precomputes_from_a_profile_hook, "process-state", "timing"),
+    # A profile function set in every timed call that computes, after the window, the last call's outputs (and, at
+    # the reservoir's snapshot, the kept call's): the worker clears it after each call, so the outputs stay
+    # uncomputed. Without that clearing, its outputs were digested 0.65 ms later after the window than the
+    # original's were (a check of that span, tried, also rejected honest work: the two processes' allocations differ).
+    (redteam.fills_its_outputs_from_a_profile_hook, "wrong-values-in-timing", "timing"),
     # A Python kernel for aten::detach (torch.library), called by the digest's bound C methods after the window
     # (28.9x, low 24.8x; confirmed 24.2x). The worker guard now records the kernels behind the worker's own ops.
     (redteam.fills_its_outputs_through_the_dispatcher, "process-state", "load"),

@@ -382,7 +382,23 @@ def test_samples_shorter_than_the_windows_the_parent_saw_are_forged_beyond_the_o
     assert timing.forged_window({"apart": [0, 0], "candidate": [10**9] * 5}, c_ns) is None  # too few to judge
 
 
-def test_a_gate_worker_sample_needs_both_window_marks_and_reports_its_shortfall():
+def test_work_before_window_compares_the_candidates_span_to_its_windows_with_the_originals():
+    """Between a sample's request and its window the worker only refills the inputs, the same work for every role: a
+    candidate whose windows open later after their requests than the original's, beyond the slack, did work there,
+    off the clock, after the sample's values were known."""
+    c_ns = [4_000_000] * 9  # 4-ms samples: the share allows 200 us
+    slack = max(timing.LATE_MIN_NS, timing.LATE_SHARE * 4_000_000)
+    honest = {"apart": [900_000] * 9, "candidate": [900_000 + slack] * 9}
+    assert timing.work_before_window(honest, c_ns) is None
+    late = {"apart": [900_000] * 9, "candidate": [900_000 + slack + 1_000] * 9}
+    bad = timing.work_before_window(late, c_ns)
+    assert bad.code == "timing-forged" and "work was done before the window" in bad.message
+    noisy = {"apart": [500_000, 700_000, 900_000, 1_100_000, 1_300_000] * 2, "candidate": [1_300_000] * 9}
+    assert timing.work_before_window(noisy, c_ns) is None  # within the original's own spread
+    assert timing.work_before_window({"apart": [0, 0], "candidate": [10**9] * 5}, c_ns) is None  # too few to judge
+
+
+def test_a_gate_worker_sample_needs_both_window_marks_and_reports_its_spans():
     class Worker:  # a gate worker answers a time request after marking its window twice
         def __init__(self, marks):
             self.marks_given = marks
@@ -392,9 +408,11 @@ def test_a_gate_worker_sample_needs_both_window_marks_and_reports_its_shortfall(
             time.sleep(0.001)  # the sample's own time, inside the request's wall time
             return {"ns": 900}
 
-    short = []
-    ns, bad, _ = timing._sample(Worker([100, 1_100]), {"op": "time", "reps": 1}, 5.0, short)
-    assert ns == 900 and bad is None and short == [100]
+    short, pre = [], []
+    w = Worker([100, 1_100])
+    w.sent_ns = 40  # when the parent wrote the request (the clock the kernel stamps marks with)
+    ns, bad, _ = timing._sample(w, {"op": "time", "reps": 1}, 5.0, short, pre)
+    assert ns == 900 and bad is None and short == [100] and pre == [60]
     for marks in ([], [100], [1, 2, 3]):
         ns, bad, _ = timing._sample(Worker(marks), {"op": "time", "reps": 1}, 5.0, [])
         assert ns is None and bad.code == "timing-forged" and "window marks" in bad.message

@@ -108,6 +108,7 @@ class Worker:
         self._closed = False
         # When the last request's window marks were sent (kernel time, ns); None where marks cannot be timestamped.
         self.marks: list[int] | None = [] if self._marks_sock is not None else None
+        self.sent_ns = 0  # when the last request was written (time.time_ns: the clock the kernel stamps marks with)
 
     def request(self, msg: dict, timeout_s: float) -> dict:
         """Send one request and wait for its reply; raises WorkerFailure (and kills the worker) on any failure.
@@ -116,8 +117,10 @@ class Worker:
         if self.marks is not None:
             self._drain_marks()  # none should be left from earlier requests: they would not be this one's
             self.marks = []
+        line = (json.dumps(msg) + "\n").encode()
         try:
-            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.sent_ns = time.time_ns()
+            self.proc.stdin.write(line)
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise self._fail("crashed", "the worker exited before the request") from None

@@ -95,12 +95,14 @@ class CheckedSample:
     digest: int | None = None  # the worker's CRC of the sample's kept outputs, sent with the sample
 
 
-def _sample(worker, msg: dict, timeout_s: float, short: list | None = None) -> tuple[int | None, Reason | None, dict]:
+def _sample(worker, msg: dict, timeout_s: float, short: list | None = None,
+            pre: list | None = None) -> tuple[int | None, Reason | None, dict]:
     """One timed sample; its raw total must be a positive int inside the wall time the parent measured, and
     no shorter than the host time the request asked to be spent before its calls (msg's gap_ns per call).
     The worker marks its window as it opens and closes (clock.WINDOW_MARK); where it is a gate worker whose
     marks are timestamped (`marks` not None), both must have come, and `short` gets how much shorter the sample
-    is than the window they span (ns; forged_window compares the candidate's with the original's)."""
+    is than the window they span (ns; forged_window compares the candidate's with the original's), `pre` how long
+    after the request was written its window opened (ns; work_before_window compares them)."""
     w0 = time.perf_counter_ns()
     reply = worker.request(msg, timeout_s=timeout_s)
     wall = time.perf_counter_ns() - w0
@@ -112,8 +114,11 @@ def _sample(worker, msg: dict, timeout_s: float, short: list | None = None) -> t
             bad = Reason("timing-forged", f"the timing worker's sample came with {len(marks)} window marks, not 2 "
                                           "timestamped ones: the window it reports cannot be checked against the one "
                                           "it ran")
-        elif short is not None:
-            short.append(marks[1] - marks[0] - ns)
+        else:
+            if short is not None:
+                short.append(marks[1] - marks[0] - ns)
+            if pre is not None and getattr(worker, "sent_ns", 0):
+                pre.append(marks[0] - worker.sent_ns)
     return (None, bad, reply) if bad else (ns, None, reply)
 
 
@@ -167,6 +172,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     pending: dict = {}  # the check draw of the candidate's last sample, until sent to its worker
     idle = {"cpu": 0, "wall": 0}  # the candidate's worker, while the timer's samples ran (ns)
     short: dict = {"apart": [], "candidate": [], "beside": []}  # sample shorter than its marked window (ns)
+    pre: dict = {"apart": [], "candidate": [], "beside": []}  # from the request's write to its window's start (ns)
     k = 0
     start = time.monotonic()
     batch = policy.min_rounds
@@ -179,7 +185,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
             # measured so far can take several times longer (a 10 s budget ran 28.9 s).
             last = r == batch - 1 or time.monotonic() - start > policy.time_budget_s
             bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, last=last, gap_ns=gap_ns,
-                         short=short)
+                         short=short, pre=pre)
             if bad:
                 return None, [bad], kept
             k += reps
@@ -196,7 +202,10 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     if short["candidate"] and short["apart"]:
         t.window_short_us = statistics.median(short["candidate"]) / 1e3
         t.window_short_original_us = statistics.median(short["apart"]) / 1e3
-    bad = _busy(idle) or forged_window(short, c_all)
+    if pre["candidate"] and pre["apart"]:
+        t.before_window_us = statistics.median(pre["candidate"]) / 1e3
+        t.before_window_original_us = statistics.median(pre["apart"]) / 1e3
+    bad = _busy(idle) or forged_window(short, c_all) or work_before_window(pre, c_all)
     return t, [bad] if bad else _reasons(policy, state, est, apart, near, b_all), kept
 
 
@@ -254,6 +263,38 @@ def forged_window(short: dict, c_ns: list) -> Reason | None:
                                    "it reports is not the time it ran")
 
 
+# A candidate's windows may open later after their requests were written than the original's do in its own worker
+# (medians) by at most the largest of an absolute slack, a share of the candidate's sample and the spread of the
+# original's spans. Both spans hold the same work (reading the request, refilling the same buffers with the same
+# values, synchronising the device); candidate code runs in neither, unless it found a way in that the worker does
+# not close (it refuses a profile or trace function left set, and collects no cycles there: no finalizer runs; a
+# function's code swapped and put back remains). Generous: the two processes hold different memory, and a refill
+# that allocates takes longer in one (an honest candidate's came 62 us later than an original's with 3 % of its
+# sample allowed, on the 2-core VM).
+LATE_MIN_NS = 100_000
+LATE_SHARE = 0.05
+LATE_SPREAD = 1.0
+
+
+def work_before_window(pre: dict, c_ns: list) -> Reason | None:
+    """timing-forged when the candidate's windows open later after their requests were written than the original's
+    in its own worker, beyond the slack (LATE_MIN_NS, LATE_SHARE, LATE_SPREAD): work done there is off the clock,
+    after the sample's input values were known (a red-team cheat's profile function computed every call's outputs
+    as the request was decoded: its windows opened 1.8-4.5 ms late, at 16x)."""
+    c, a = pre.get("candidate") or [], pre.get("apart") or []
+    if len(c) < 3 or len(a) < 3:
+        return None
+    mc, ma = statistics.median(c), statistics.median(a)
+    q = statistics.quantiles(a, n=4)
+    allowed = max(LATE_MIN_NS, LATE_SHARE * statistics.median(c_ns), LATE_SPREAD * (q[2] - q[0]))
+    if mc - ma <= allowed:
+        return None
+    return Reason("timing-forged", f"the candidate's timed windows opened {mc / 1e3:.0f} us after their requests were "
+                                   f"written (median of {len(c)}; the original's in its own worker {ma / 1e3:.0f} us, "
+                                   f"{allowed / 1e3:.0f} us more allowed): work was done before the window, off the "
+                                   "clock, after the sample's input values were known")
+
+
 def _busy(idle: dict) -> Reason | None:
     """background-work when the candidate's processes ran while they should have been idle."""
     if idle["wall"] and idle["cpu"] > IDLE_CPU_MIN_NS and idle["cpu"] > IDLE_CPU_SHARE * idle["wall"]:
@@ -264,10 +305,13 @@ def _busy(idle: dict) -> Reason | None:
 
 
 def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, timeout_s: float,
-           kept: list, pending: dict, idle: dict, last: bool, gap_ns: int = 0, short: dict | None = None) -> Reason | None:
+           kept: list, pending: dict, idle: dict, last: bool, gap_ns: int = 0, short: dict | None = None,
+           pre: dict | None = None) -> Reason | None:
     """One sample of each side, with fresh input values; the candidate's sample is checked when the draw
-    says so (or `last`: the batch's last round). The draw is made when its sample is back, and sent with
-    the next request to the candidate's worker (`pending`), which acts on it before anything else.
+    says so (or `last`: the batch's last round). Each sample is two requests: its untimed warm-up calls
+    (worker.op_warm), then the sample, whose input values the worker learns only then. The draw is made when
+    its sample is back, and sent with the next warm-up of the candidate's worker (`pending`), which acts on it
+    before anything else.
     Around each sample of another worker, adds the CPU time the candidate's worker used to idle["cpu"]
     and that sample's wall time to idle["wall"]. Appends to the sides' lists; a reason on a forged sample."""
     fill = [rng.randrange(contents) for _ in range(buffers)]
@@ -276,13 +320,16 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
     # apart baseline and the candidate each follow a sample of the other process half the time.
     cand = next(w for w, role, _ in sides if role == "candidate")
     for w, role, into in (sides if len(sides[0][2]) % 2 == 0 else sides[::-1]):
-        msg = {"op": "time", "role": role, "reps": reps, "start": k, "fill": fill, "perturb": perturb, "gap_ns": gap_ns}
+        warm = {"op": "warm", "role": role, "reps": reps, "start": k}
         if w is cand:
-            msg["keep"] = pending.pop("keep", False)  # the word on its last candidate sample, drawn already
+            warm["keep"] = pending.pop("keep", False)  # the word on its last candidate sample, drawn already
+        msg = {"op": "time", "role": role, "reps": reps, "start": k, "fill": fill, "perturb": perturb, "gap_ns": gap_ns}
         watch = w is not cand and hasattr(cand, "cpu_ns")
         c0, w0 = (cand.cpu_ns(), time.perf_counter_ns()) if watch else (0, 0)
         side = "candidate" if role == "candidate" else "beside" if w is cand else "apart"
-        ns, bad, reply = _sample(w, msg, timeout_s, short[side] if short is not None else None)
+        w.request(warm, timeout_s=timeout_s)
+        ns, bad, reply = _sample(w, msg, timeout_s, short[side] if short is not None else None,
+                                 pre[side] if pre is not None else None)
         if watch:
             idle["wall"] += time.perf_counter_ns() - w0
             idle["cpu"] += cand.cpu_ns() - c0
@@ -357,6 +404,7 @@ def solo_ns(worker, role: str, timeout_s: float, samples: int = 7, gap_ns: int =
     """Median of `samples` single calls of `role`, alone (each after `gap_ns` of host time): sizes timed samples."""
     ns = []
     for i in range(samples):
+        worker.request({"op": "warm", "role": role, "reps": 1, "start": i}, timeout_s=timeout_s)
         t, bad, _ = _sample(worker, {"op": "time", "role": role, "reps": 1, "start": i, "gap_ns": gap_ns}, timeout_s)
         if bad:
             raise RuntimeError(bad.message)

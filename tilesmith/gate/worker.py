@@ -9,12 +9,14 @@ synchronisation are bound here, at import, before any wrapper code can run.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import sys
 import time
 
 _perf_ns = time.perf_counter_ns  # bound before candidate code exists in this process
 _urandom = os.urandom
+_gc_enable = gc.enable
 _T0_NS = _perf_ns()
 _STARTUP_S = 0.0  # seconds from this module's first line to the first request it can take
 
@@ -210,7 +212,7 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
     a local of this frame, which code run by a call cannot rebind without writing the interpreter's memory.
     `marks`: (send a mark, the mark socket still ours?)."""
     perf, spin, sync, urandom, snapshot, prims, tensor, type_, isinstance_, from_bytes, seqs, calls, error, moved = tools
-    tuple_, map_, ddump, dtable, dnames, dtables, dstate = moved
+    tuple_, map_, ddump, dtable, dnames, dtables, dstate, setprofile, settrace = moved
     kept, kept_i, last, odd, redirected = None, -1, None, "", False
     sync()
     if marks is not None:
@@ -223,6 +225,12 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
         if gap:  # the program's own host time before each call (gate.timed.program_gap_ns): the GPU runs on
             spin(gap, perf)
         last = window[i]()
+        # No profile or trace function outlives the call: one set in it would run at the next call event here (the
+        # reservoir's snapshot of a kept call among them) and could compute only the outputs that are read (as
+        # computes_only_what_is_read did through a tuple's __iter__). One that runs at these two calls runs inside
+        # the window. The same two calls for every role.
+        setprofile(None)
+        settrace(None)
         # Plain tensors only: a subclass can return at once and do the work only when a value is read, after the
         # clock stopped (a red-team cheat was accepted at 27x that way: the two kept calls were forced, right, by
         # the digest; no other call ever ran).
@@ -259,13 +267,42 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
     return t1 - t0, kept, kept_i, last
 
 
+def op_warm(st: State, req: dict) -> dict:
+    """The untimed calls before a timed sample, in a request of their own, sent before the sample's: the
+    pending sample's outputs kept (`keep`) or dropped, then half a sample's worth of calls of `role` from
+    `start`. Candidate code runs here, before the sample's input values (`fill`, `perturb`) reach this
+    process: inside one request, these calls read them from the request's frame and computed every timed
+    call's outputs off the clock (a red-team cheat, accepted at 25x; tests/redteam.py). What could still run
+    candidate code between the sample's request and its window (a profile hook, a finalizer, a mode) leaves
+    the window's start late: the parent compares that span with the original's (timing.work_before_window)."""
+    role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
+    # The parent's word on the last candidate sample comes with the next warm-up of this worker, whatever
+    # its role: its kept outputs go to disk or are dropped before anything else runs here (held in memory
+    # while the baseline ran beside, they made its calls allocate afresh: 1.7x slower on CPU).
+    if req.get("keep"):
+        _keep_pending(st)
+    st.pending = None
+    thunks = st.timed[role]
+    n = len(thunks)
+    with torch.no_grad():
+        # Half a sample's worth: the process or role that ran last (the other worker, or the other role in this
+        # one) leaves caches, TLB and sleeping threads behind, and without these a sample timed right after
+        # another paid for it (the baseline beside the candidate came out 2 % slower than the candidate itself,
+        # with both running the same code; RESULTS.md). They read the values the buffers still hold, from the
+        # last sample: the timed calls' values are new to them.
+        for i in range(max(1, reps // 2)):
+            thunks[(k + i) % n]()
+    return {}
+
+
 def op_time(st: State, req: dict) -> dict:
     """One timed sample: `reps` calls of `role` over the rotating buffers from index `start`, device-wide
-    sync around it. Before it, the buffers are refilled with the contents `fill` names (new values, same
-    addresses). After each call, a fresh random draw decides whether this call replaces the one kept so
-    far (reservoir sampling: every call of the sample equally likely): drawn after the call returns, so
-    no call can know whether it will be checked. The kept call and the last call stay pending; the next
-    request says whether the parent wants them (`keep`)."""
+    sync around it, right after its warm-up (op_warm, a request of its own). Before it, the buffers are
+    refilled with the contents `fill` names (new values, same addresses): no candidate code runs from this
+    request's arrival to its window. After each call, a fresh random draw decides whether this call replaces
+    the one kept so far (reservoir sampling: every call of the sample equally likely): drawn after the call
+    returns, so no call can know whether it will be checked. The kept call and the last call stay pending;
+    the next warm-up says whether the parent wants them (`keep`)."""
     # Everything this request uses once candidate code has run, bound first as locals (here, then the window's
     # arguments): a global read later could hold a replacement that puts the original back before the guard looks
     # (a red-team cheat did that to the clock), and a closure's cell can be rewritten from Python (another
@@ -273,11 +310,11 @@ def op_time(st: State, req: dict) -> dict:
     from tilesmith.errors import TilesmithError
 
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
-    snapshot, digest, prims, timed_window = _snapshot, outputs_digest, PRIMS, _timed_window
-    # The dispatcher's kernels for the ops this request runs on tensors (worker_guard.dispatch_state), compared inline
-    # by C functions and builtins bound now (no Python function whose code could be swapped and put back): before the
-    # refill (the warm-up calls below are candidate code) and after the window's calls.
-    moved = (tuple, map) + (_DISPATCH or (None, None, (), (), ()))
+    snapshot, digest, prims, timed_window, gc_on = _snapshot, outputs_digest, PRIMS, _timed_window, _gc_enable
+    # The dispatcher's kernels for the ops the snapshot and digest run on the outputs (worker_guard.dispatch_state),
+    # compared inline after the window's calls by C functions and builtins bound now (no Python function whose code
+    # could be swapped and put back). Before the refill, main's check after the warm-up request found them as recorded.
+    moved = (tuple, map) + (_DISPATCH or (None, None, (), (), ())) + (sys.setprofile, sys.settrace)
     tools = (_clock_ns, _spin, _device_sync, _urandom, snapshot, prims, _TENSOR, type, isinstance, int.from_bytes,
              (list, tuple), range(reps), TilesmithError, moved)
     # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (proc._mark_socket),
@@ -289,26 +326,10 @@ def op_time(st: State, req: dict) -> dict:
     # any candidate code runs in it; the parent rejects a sample shorter than its calls' share of it.
     gap = max(0, min(clock.MAX_GAP_NS, int(req.get("gap_ns") or 0)))
     ours = role == "candidate"  # the outputs kept for checks are the candidate's (the baseline may run here too)
-    # The parent's word on the last candidate sample comes with the next request to this worker, whatever
-    # its role: its kept outputs go to disk or are dropped before anything else runs here (held in memory
-    # while the baseline ran beside, they made its calls allocate afresh: 1.7x slower on CPU).
-    if req.get("keep"):
-        _keep_pending(st)
-    st.pending = None
+    # The pending outputs are the warm-up's to keep or drop: dropped here, a finalizer of theirs would run candidate
+    # code after this request's values arrived (a sample asked for without its warm-up replaces them after the window).
     thunks = st.timed[role]
     n, graph = len(thunks), bool(st.keep.get(role))
-    with torch.no_grad():
-        # Untimed calls first, half a sample's worth: the process or role that ran last (the other worker,
-        # or the other role in this one) leaves caches, TLB and sleeping threads behind, and without these
-        # a sample timed right after another paid for it (the baseline beside the candidate came out 2 %
-        # slower than the candidate itself, with both running the same code; RESULTS.md). They read the
-        # values the buffers still hold, from the last sample: the timed calls' values are new to them.
-        for i in range(max(1, reps // 2)):
-            thunks[(k + i) % n]()
-    tuple_, map_, ddump, dtable, dnames, dtables, dstate = moved
-    if tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) != dstate:
-        raise TilesmithError("the candidate changes process state: it registers a kernel for an op the gate worker "
-                             "runs on its inputs", code="process-state")
     # The refill runs with the process's thread count: changing it here would make the first timed call
     # start a new thread team.
     for b, c in enumerate(req.get("fill") or []):
@@ -316,6 +337,7 @@ def op_time(st: State, req: dict) -> dict:
     window = [thunks[(k + i) % n] for i in range(reps)]
     with torch.no_grad():
         ns, kept, kept_i, last = timed_window(window, gap, graph, ours, marks, tools)
+    gc_on()  # off since the last reply (main)
     reply = {"ns": ns}
     if ours:
         st.pending = {"start": k, "calls": [kept_i, reps - 1], "outputs": [kept, snapshot(last, graph, prims)]}
@@ -419,7 +441,7 @@ def op_ready(st: State, req: dict) -> dict:
     return {"pid": os.getpid(), "startup_s": _STARTUP_S}
 
 
-OPS = {"ready": op_ready, "load": op_load, "outputs": op_outputs, "ref64": op_ref64, "time_setup": op_time_setup, "time": op_time,
+OPS = {"ready": op_ready, "load": op_load, "outputs": op_outputs, "ref64": op_ref64, "time_setup": op_time_setup, "warm": op_warm, "time": op_time,
        "checks": op_checks, "original_checks": op_original_checks,
        "pin": op_pin}
 
@@ -469,11 +491,20 @@ def main(fd: int, mark_fd: int = -1) -> None:
     objs, names, vals, dicts, keys, dvals, tables, sizes = g.objs, g.names, g.vals, g.dicts, g.keys, g.dvals, g.tables, g.sizes
     encode, decode, write, failed = g.encode, g.decode, g.write, g.failed
     ddump, dtable, dnames, dtables, dstate = g.dispatch
+    # A profile or trace function runs Python at every call the worker makes, the reading of the next request
+    # included: none may be left set when a request ends (a red-team cheat's, set in a warm-up call, computed a
+    # sample's outputs as its request was decoded). The cyclic collector is off from each reply until the next
+    # request is under way, and for a timed one until its window closed: a finalizer it ran there would be
+    # candidate code (and its pauses would blur the span the parent compares: timing.work_before_window).
+    gettrace, getprofile, gc_off, gc_on = sys.gettrace, sys.getprofile, gc.disable, gc.enable
+    hooks0 = (gettrace(), getprofile())
     del g
     for line in sys.stdin:
         req = decode(line)
         if req.get("op") == "exit":
             break
+        if req.get("op") != "time":
+            gc_on()
         try:
             reply = {"ok": True, **OPS[req["op"]](st, req)}
             changed = _state_change(st) or _patched(st)
@@ -489,10 +520,12 @@ def main(fd: int, mark_fd: int = -1) -> None:
         try:  # a recorded global deleted, a closure cell emptied: moved, as a replaced one is
             intact = (all_(map_(is_, map_(getattr_, objs, names), vals))
                       and all_(map_(is_, map_(getitem, dicts, keys), dvals)) and tuple_(map_(len_, tables)) == sizes
-                      and tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) == dstate)
+                      and tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) == dstate
+                      and (gettrace(), getprofile()) == hooks0)
         except Exception:  # noqa: BLE001
             intact = False
         data = (encode(reply) + "\n").encode() if intact else failed
+        gc_off()
         while data:
             data = data[write(fd, data):]
 
