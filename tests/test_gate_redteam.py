@@ -91,9 +91,9 @@ NEW_CHEATS = [
     # own (worker.op_warm), sent before the sample's values exist: the cheat finds none and is the original again.
     (redteam.precomputes_the_sample_in_its_untimed_calls, "not-faster", "timing"),
     # Its answer to that: a profile function set in a warm-up call runs at the worker's decoding of the sample's
-    # request and computes the outputs there. Accepted at 16x before the worker refused to end a request with a
-    # profile or trace function set (before that refusal existed, timing.work_before_window caught it: its windows
-    # opened 1.8-4.5 ms later after their requests than the original's).
+    # request and computes the outputs there: its windows timed 16x faster than the original's. The worker refuses
+    # to end a request with a profile or trace function set; before it did, timing.work_before_window rejected it
+    # (its windows opened 1.8-4.5 ms later after their requests than the original's).
     (redteam.precomputes_from_a_profile_hook, "process-state", "timing"),
     # A profile function set in every timed call that computes, after the window, the last call's outputs (and, at
     # the reservoir's snapshot, the kept call's): the worker clears it after each call, so the outputs stay
