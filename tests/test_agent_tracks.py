@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("deepagents")
 
 from tests import agent_helpers as H  # noqa: E402
+from tests import gate_helpers  # noqa: E402
 from tests.conftest import captured_workspace  # noqa: E402
 from tests.agent_helpers import Script  # noqa: E402,F401 (tests/gpu imports it from here)
 from tests.fakes.chat import ScriptedChatModel, ai, tc, text  # noqa: E402
@@ -164,6 +165,9 @@ def test_two_loops_need_two_distinct_confirmed_improvements_and_the_run_installs
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
     original = (_graph(slow_ws) / "wrapper.py").read_text()
+    # Loop 1's win is the vectorized wrapper slowed by redundant passes; loop 2's, the matmuls as library calls, must
+    # beat it clearly: against the plain vectorized wrapper it read 1.06-1.35x across six runs on the VM (session 19).
+    win1 = gate_helpers.with_redundant_work(vectorized_text, 20)
     win2 = H.all_extern(original)
 
     def submit(name, source):
@@ -172,18 +176,17 @@ def test_two_loops_need_two_distinct_confirmed_improvements_and_the_run_installs
                 ai(f"{name}: submitted")]
 
     # in loop 2 the agent also tries to slow down the timing baseline (/best.py) through the shell
-    script = Script(submit("vectorized", vectorized_text)
+    script = Script(submit("vectorized", win1)
                     + [ai("", tc("execute", command="cp profiles/original_wrapper.py best.py"))]
                     + submit("extern_mm", win2))
-    # timing needs several seconds per pass on a busy 2-core machine to show the second win's margin (1.06-1.35x
-    # over the first win in six runs on the VM, session 19, old code and new alike: 4 s was not always enough)
-    result, model = _run(slow_ws, "scripted-loops", script, loops=2, gate_time_budget_s=8.0)
+    # timing needs a few seconds per pass on a busy 2-core machine to show the second win's margin
+    result, model = _run(slow_ws, "scripted-loops", script, loops=2, gate_time_budget_s=4.0)
     (t,) = result.tracks
     assert (t.status, t.loops_done, t.candidates) == ("done", 2, 2), t.reason
     tdir = runs.track_dir(result.run_id, t.key)
     v0, v1 = (json.loads((tdir / "profiles" / f"verdict_00{i}.json").read_text()) for i in (0, 1))
     assert v0["accepted"] and v1["accepted"] and v1["confirmation"]["timing"]["speedup_low"] > 1.02
-    assert v0["candidate_sha256"] == store.sha256_bytes(vectorized_text.encode())
+    assert v0["candidate_sha256"] == store.sha256_bytes(win1.encode())
     assert v1["candidate_sha256"] == store.sha256_bytes(win2.encode())
     assert t.speedup > v0["confirmation"]["timing"]["speedup"]  # the second win is on top of the first
     turn2 = json.loads((tdir / "profiles" / "turn_002.json").read_text())
