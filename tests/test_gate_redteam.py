@@ -92,7 +92,7 @@ NEW_CHEATS = [
     (redteam.precomputes_the_sample_in_its_untimed_calls, "not-faster", "timing"),
     # Its answer to that: a profile function set in a warm-up call runs at the worker's decoding of the sample's
     # request and computes the outputs there: its windows timed 16x faster than the original's. The worker refuses
-    # to end a request with a profile or trace function set; before it did, timing.work_before_window rejected it
+    # to end a request with a profile or trace function set; before it did, windows.work_before_window rejected it
     # (its windows opened 1.8-4.5 ms later after their requests than the original's).
     (redteam.precomputes_from_a_profile_hook, "process-state", "timing"),
     # A profile function set in every timed call that computes, after the window, the last call's outputs (and, at

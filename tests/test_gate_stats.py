@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tilesmith.gate import Policy, Verdict
-from tilesmith.gate import timing
+from tilesmith.gate import timing, windows
 from tilesmith.gate.correctness import compare_values
 from tilesmith.gate.inputs import make_sets
 from tilesmith.gate.verdict import Pass, Reason, SetCorrectness, Timing
@@ -366,20 +366,20 @@ def test_the_kept_outputs_digest_sees_every_value_and_is_the_same_for_a_copy():
 
 
 def test_samples_shorter_than_the_windows_the_parent_saw_are_forged_beyond_the_originals_shortfall():
-    """gate.timing.forged_window: the worker marks each window on its reply pipe; the candidate's samples may fall
+    """gate.windows.forged_window: the worker marks each window on its reply pipe; the candidate's samples may fall
     short of the windows the parent saw only as much as the original's do in its own worker, plus a little."""
     c_ns = [1_000_000] * 20
     honest = {"apart": [4_000, 6_000, 30_000] * 5, "candidate": [5_000, 7_000, 9_000] * 5, "beside": []}
-    assert timing.forged_window(honest, c_ns) is None
+    assert windows.forged_window(honest, c_ns) is None
     forged = {"apart": [4_000, 6_000, 30_000] * 5, "candidate": [400_000, 410_000, 390_000] * 5, "beside": []}
-    bad = timing.forged_window(forged, c_ns)
+    bad = windows.forged_window(forged, c_ns)
     assert bad.code == "timing-forged" and "400 us shorter" in bad.message
     # The slack is the larger of an absolute one and a share of the candidate's sample.
-    slack = max(timing.FORGED_MIN_NS, timing.FORGED_SHARE * 1_000_000)
+    slack = max(windows.FORGED_MIN_NS, windows.FORGED_SHARE * 1_000_000)
     edge = {"apart": [0] * 5, "candidate": [slack - 1_000] * 5}
-    assert timing.forged_window(edge, c_ns) is None
-    assert timing.forged_window({"apart": [0] * 5, "candidate": [slack + 1_000] * 5}, c_ns).code == "timing-forged"
-    assert timing.forged_window({"apart": [0, 0], "candidate": [10**9] * 5}, c_ns) is None  # too few to judge
+    assert windows.forged_window(edge, c_ns) is None
+    assert windows.forged_window({"apart": [0] * 5, "candidate": [slack + 1_000] * 5}, c_ns).code == "timing-forged"
+    assert windows.forged_window({"apart": [0, 0], "candidate": [10**9] * 5}, c_ns) is None  # too few to judge
 
 
 def test_work_before_window_compares_the_candidates_span_to_its_windows_with_the_originals():
@@ -387,15 +387,15 @@ def test_work_before_window_compares_the_candidates_span_to_its_windows_with_the
     candidate whose windows open later after their requests than the original's, beyond the slack, did work there,
     off the clock, after the sample's values were known."""
     c_ns = [4_000_000] * 9  # 4-ms samples: the share allows 200 us
-    slack = max(timing.LATE_MIN_NS, timing.LATE_SHARE * 4_000_000)
+    slack = max(windows.LATE_MIN_NS, windows.LATE_SHARE * 4_000_000)
     honest = {"apart": [900_000] * 9, "candidate": [900_000 + slack] * 9}
-    assert timing.work_before_window(honest, c_ns) is None
+    assert windows.work_before_window(honest, c_ns) is None
     late = {"apart": [900_000] * 9, "candidate": [900_000 + slack + 1_000] * 9}
-    bad = timing.work_before_window(late, c_ns)
+    bad = windows.work_before_window(late, c_ns)
     assert bad.code == "timing-forged" and "work was done before the window" in bad.message
     noisy = {"apart": [500_000, 700_000, 900_000, 1_100_000, 1_300_000] * 2, "candidate": [1_300_000] * 9}
-    assert timing.work_before_window(noisy, c_ns) is None  # within the original's own spread
-    assert timing.work_before_window({"apart": [0, 0], "candidate": [10**9] * 5}, c_ns) is None  # too few to judge
+    assert windows.work_before_window(noisy, c_ns) is None  # within the original's own spread
+    assert windows.work_before_window({"apart": [0, 0], "candidate": [10**9] * 5}, c_ns) is None  # too few to judge
 
 
 def test_a_gate_worker_sample_needs_both_window_marks_and_reports_its_spans():

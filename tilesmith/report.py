@@ -105,7 +105,7 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
         notes.append(f"timed as the program runs it: {gap_us:.1f} us of the program's own host time (measured "
                      "at capture) before each timed call, original and candidate alike")
     marked = [_timing(v) for _, v, _ in verdicts if v.get("accepted") and _timing(v).get("window_short_original_us")]
-    if marked:  # the deciding process's own measure of the accepted samples (gate.timing.forged_window)
+    if marked:  # the deciding process's own measure of the accepted samples (gate.windows.forged_window)
         w = max(marked, key=lambda x: _f(x.get("window_short_us")) or 0.0)
         notes.append(f"accepted samples checked against the windows their marks span (kernel timestamps): the candidate's fell "
                      f"{_f(w.get('window_short_us')) or 0.0:.0f} us short of them (median), the original's "

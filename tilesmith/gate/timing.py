@@ -17,6 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from tilesmith.gate import windows
 from tilesmith.gate.verdict import Reason, Timing
 
 
@@ -101,8 +102,8 @@ def _sample(worker, msg: dict, timeout_s: float, short: list | None = None,
     no shorter than the host time the request asked to be spent before its calls (msg's gap_ns per call).
     The worker marks its window as it opens and closes (clock.WINDOW_MARK); where it is a gate worker whose
     marks are timestamped (`marks` not None), both must have come, and `short` gets how much shorter the sample
-    is than the window they span (ns; forged_window compares the candidate's with the original's), `pre` how long
-    after the request was written its window opened (ns; work_before_window compares them)."""
+    is than the window they span (ns; windows.forged_window compares the candidate's with the original's), `pre`
+    how long after the request was written its window opened (ns; windows.work_before_window compares them)."""
     w0 = time.perf_counter_ns()
     reply = worker.request(msg, timeout_s=timeout_s)
     wall = time.perf_counter_ns() - w0
@@ -205,7 +206,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     if pre["candidate"] and pre["apart"]:
         t.before_window_us = statistics.median(pre["candidate"]) / 1e3
         t.before_window_original_us = statistics.median(pre["apart"]) / 1e3
-    bad = _busy(idle) or forged_window(short, c_all) or work_before_window(pre, c_all)
+    bad = _busy(idle) or windows.forged_window(short, c_all) or windows.work_before_window(pre, c_all)
     return t, [bad] if bad else _reasons(policy, state, est, apart, near, b_all), kept
 
 
@@ -229,70 +230,6 @@ def _summary(mode: str, reps: int, buffers: int, est: Estimate, apart: Estimate,
                   baseline_ns=b_all, candidate_ns=c_all, apart_speedup=apart.speedup, apart_low=apart.low,
                   beside_speedup=near.speedup if near else 0.0, beside_low=near.low if near else 0.0,
                   beside_ns=i_all, idle_cpu_ms=idle["cpu"] / 1e6, idle_wall_ms=idle["wall"] / 1e6)
-
-
-# A candidate's samples may fall short of the windows the parent saw by at most this much more than the
-# original's do in its own worker (medians): the largest of an absolute slack, a share of the candidate's sample,
-# and half the spread (interquartile range) of the original's shortfalls, which grows on a loaded machine.
-# Measured in the gate on the 2-core VM: honest samples 11.2-11.5 us short of the span of their marks (13.6-14.3
-# with two busy loops on the same two cores); the frame cheat reporting a fifth of its window, 2,044 us
-# (RESULTS.md, session 17).
-FORGED_MIN_NS = 30_000
-FORGED_SHARE = 0.03
-FORGED_SPREAD = 0.5
-
-
-def forged_window(short: dict, c_ns: list) -> Reason | None:
-    """timing-forged when the candidate's samples are shorter than the windows their marks span (the worker sends a
-    mark on a socket as each window opens and closes, and the kernel stamps each with its send time:
-    proc._mark_socket) by more than the original's are in its own worker, beyond the slack (FORGED_MIN_NS,
-    FORGED_SHARE, FORGED_SPREAD of the original's spread). An honest sample falls short by a few microseconds
-    whatever code it timed; a number made smaller inside the worker's process (its clock rebound, the window's
-    start moved in its frame, the reply rewritten) cannot also move the times the kernel stamped."""
-    c, a = short.get("candidate") or [], short.get("apart") or []
-    if len(c) < 3 or len(a) < 3:
-        return None
-    mc, ma = statistics.median(c), statistics.median(a)
-    q = statistics.quantiles(a, n=4)
-    allowed = max(FORGED_MIN_NS, FORGED_SHARE * statistics.median(c_ns), FORGED_SPREAD * (q[2] - q[0]))
-    if mc - ma <= allowed:
-        return None
-    return Reason("timing-forged", f"the candidate's samples were {mc / 1e3:.0f} us shorter than the windows the "
-                                   f"kernel's timestamps of their marks span (median of {len(c)}; the original's in "
-                                   f"its own worker {ma / 1e3:.0f} us, {allowed / 1e3:.0f} us more allowed): the time "
-                                   "it reports is not the time it ran")
-
-
-# A candidate's windows may open later after their requests were written than the original's do in its own worker
-# (medians) by at most the largest of an absolute slack, a share of the candidate's sample and the spread of the
-# original's spans. Both spans hold the same work (reading the request, refilling the same buffers with the same
-# values, synchronising the device); candidate code runs in neither, unless it found a way in that the worker does
-# not close (it refuses a profile or trace function left set, and collects no cycles there: no finalizer runs; a
-# function's code swapped and put back remains). Generous: the two processes hold different memory, and a refill
-# that allocates takes longer in one (an honest candidate's came 62 us later than an original's with 3 % of its
-# sample allowed, on the 2-core VM).
-LATE_MIN_NS = 100_000
-LATE_SHARE = 0.05
-LATE_SPREAD = 1.0
-
-
-def work_before_window(pre: dict, c_ns: list) -> Reason | None:
-    """timing-forged when the candidate's windows open later after their requests were written than the original's
-    in its own worker, beyond the slack (LATE_MIN_NS, LATE_SHARE, LATE_SPREAD): work done there is off the clock,
-    after the sample's input values were known (a red-team cheat's profile function computed every call's outputs
-    as the request was decoded: its windows opened 1.8-4.5 ms late, at 16x)."""
-    c, a = pre.get("candidate") or [], pre.get("apart") or []
-    if len(c) < 3 or len(a) < 3:
-        return None
-    mc, ma = statistics.median(c), statistics.median(a)
-    q = statistics.quantiles(a, n=4)
-    allowed = max(LATE_MIN_NS, LATE_SHARE * statistics.median(c_ns), LATE_SPREAD * (q[2] - q[0]))
-    if mc - ma <= allowed:
-        return None
-    return Reason("timing-forged", f"the candidate's timed windows opened {mc / 1e3:.0f} us after their requests were "
-                                   f"written (median of {len(c)}; the original's in its own worker {ma / 1e3:.0f} us, "
-                                   f"{allowed / 1e3:.0f} us more allowed): work was done before the window, off the "
-                                   "clock, after the sample's input values were known")
 
 
 def _busy(idle: dict) -> Reason | None:

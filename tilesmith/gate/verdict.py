@@ -113,7 +113,7 @@ class Timing:
     # each window on a socket the kernel timestamps): the candidate's, and the original's in its own worker.
     window_short_us: float = 0.0
     window_short_original_us: float = 0.0
-    before_window_us: float = 0.0  # from a sample's request to its window's start, median (timing.work_before_window)
+    before_window_us: float = 0.0  # from a sample's request to its window's start, median (windows.work_before_window)
     before_window_original_us: float = 0.0
 
 

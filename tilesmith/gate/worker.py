@@ -276,7 +276,7 @@ def op_warm(st: State, req: dict) -> dict:
     process: inside one request, these calls read them from the request's frame and computed every timed
     call's outputs off the clock (a red-team cheat, accepted at 25x; tests/redteam.py). What could still run
     candidate code between the sample's request and its window (a profile hook, a finalizer, a mode) leaves
-    the window's start late: the parent compares that span with the original's (timing.work_before_window)."""
+    the window's start late: the parent compares that span with the original's (windows.work_before_window)."""
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     # The parent's word on the last candidate sample comes with the next warm-up of this worker, whatever
     # its role: its kept outputs go to disk or are dropped before anything else runs here (held in memory
@@ -497,7 +497,7 @@ def main(fd: int, mark_fd: int = -1) -> None:
     # included: none may be left set when a request ends (a red-team cheat's, set in a warm-up call, computed a
     # sample's outputs as its request was decoded). The cyclic collector is off from each reply until the next
     # request is under way, and for a timed one until its window closed: a finalizer it ran there would be
-    # candidate code (and its pauses would blur the span the parent compares: timing.work_before_window).
+    # candidate code (and its pauses would blur the span the parent compares: windows.work_before_window).
     gettrace, getprofile, gc_off, gc_on = sys.gettrace, sys.getprofile, gc.disable, gc.enable
     readable, stdin_fd, perf = select.select, sys.stdin.fileno(), _perf_ns
     hooks0 = (gettrace(), getprofile())
