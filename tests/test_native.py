@@ -12,13 +12,17 @@ torch = pytest.importorskip("torch")
 from tilesmith import cudagraph_record, native  # noqa: E402
 
 
-@pytest.fixture
-def fresh(monkeypatch, tmp_path):
-    """native's per-process state reset, its cache in tmp_path; restored after the test."""
-    monkeypatch.setenv("TILESMITH_NATIVE_DIR", str(tmp_path / "native"))
+def _reset(monkeypatch, d):
+    """native's per-process state reset, its cache in `d`; both restored after the test."""
+    monkeypatch.setenv("TILESMITH_NATIVE_DIR", str(d))
     for name in ("_same", "_status", "_tried"):
         monkeypatch.setattr(native, name, getattr(native, name))
     native._tried = False
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    _reset(monkeypatch, tmp_path / "native")
     return tmp_path / "native"
 
 
@@ -37,10 +41,7 @@ def built(tmp_path_factory):
 
 
 def _load(monkeypatch, d):
-    monkeypatch.setenv("TILESMITH_NATIVE_DIR", str(d))
-    for name in ("_same", "_status", "_tried"):
-        monkeypatch.setattr(native, name, getattr(native, name))
-    native._tried = False
+    _reset(monkeypatch, d)
     return native.same_ptrs()
 
 
