@@ -205,11 +205,17 @@ def plan(a, device: str) -> dict:
             minutes_by[m] = float(v) if v else None
         except ValueError:
             raise SystemExit(f"--max-minutes: '{v}' for {m} is not a number of minutes") from None
+    jobs_by = {}
+    for m, v in per_model(str(a.jobs), models, "--jobs").items():
+        if not v.isdigit() or int(v) < 1:
+            raise SystemExit(f"--jobs: '{v}' for {m} is not a whole number of graphs (1 or more)")
+        jobs_by[m] = int(v)
     one = set(minutes_by.values())
     paths = ["eager"] + [f"compile {m}" for m in modes] + [f"tilesmith on {m}" for m in ts]
     profile_calls = a.profile_calls if a.profile_calls is not None else 50 if device.startswith("cuda") else 0
     return {"models": models, "modes": modes, "tilesmith_on": ts, "tilesmith_on_by_model": ts_by, "paths": paths,
             "device": device, "max_minutes": one.pop() if len(one) == 1 else minutes_by, "max_minutes_by_model": minutes_by,
+            "jobs_by_model": jobs_by,
             "loops": a.loops, "seconds": a.seconds, "calls": a.calls, "optimizer": a.optimizer,
             "profile_calls": profile_calls, "timing": not a.no_timing, "reuse": a.reuse}
 
@@ -232,7 +238,8 @@ def run_model(name: str, p: dict, out: Path, a, reuse: list, code: str) -> dict:
         home = out / name / m / "home"
         shutil.rmtree(home, ignore_errors=True)  # a fresh store: the whole flow runs, no exact hit
         os.environ["TILESMITH_HOME"] = homes[m] = str(home)
-        extra = (["--max-minutes", str(minutes)] if minutes else []) + ["--loops", str(a.loops)]
+        extra = (["--max-minutes", str(minutes)] if minutes else []) + ["--loops", str(a.loops),
+                                                                        "--jobs", str(p["jobs_by_model"][name])]
         try:
             run, secs = flow.capture_optimize_install(
                 __file__, ["model", "--name", name, "--mode", m, "--device", p["device"], "--steps", capture_steps],
@@ -359,6 +366,9 @@ def main() -> int:
                         "for one model, e.g. moe:reduce-overhead,resnet18:default")
     r.add_argument("--max-minutes", default="1.0",
                    help="optimize budget per model and mode; MODEL:MINUTES items for one model, e.g. 1.5,gpt2-train:3")
+    r.add_argument("--jobs", default="1",
+                   help="graphs optimize works on at once (its --jobs: their measurements never overlap); MODEL:N "
+                        "items for one model, e.g. 1,gpt2-train:2")
     r.add_argument("--no-timing", action="store_true",
                    help="run the flows only (capture, optimize, install); a later run times them with --reuse")
     r.add_argument("--reuse", default=None, metavar="DIR[,DIR]",

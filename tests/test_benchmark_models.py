@@ -20,14 +20,17 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_model_suite_dry_run_plans_every_compile_mode_and_each_tilesmith_path_per_model():
     p = _run("run", "--dry-run", "--models", "tiny,gpt2-train", "--device", "cuda",
-             "--tilesmith-on", "default,reduce-overhead", "--max-minutes", "0.5")
+             "--tilesmith-on", "default,reduce-overhead", "--max-minutes", "0.5", "--jobs", "1,gpt2-train:2")
     assert p.returncode == 0, p.stderr
     plan = json.loads(p.stdout)
     assert plan["models"] == ["tiny", "gpt2-train"] and plan["max_minutes"] == 0.5
+    assert plan["jobs_by_model"] == {"tiny": 1, "gpt2-train": 2}
     assert plan["paths"] == ["eager", "compile default", "compile reduce-overhead", "compile max-autotune-no-cudagraphs",
                              "compile max-autotune", "tilesmith on default", "tilesmith on reduce-overhead"]
     bad = _run("run", "--dry-run", "--models", "nosuchmodel")
     assert bad.returncode != 0 and "unknown model or mode: nosuchmodel" in bad.stderr
+    bad = _run("run", "--dry-run", "--models", "tiny", "--jobs", "tiny:0")
+    assert bad.returncode != 0 and "--jobs: '0' for tiny is not a whole number of graphs" in bad.stderr
 
 
 def test_model_suite_runs_the_users_program_for_a_model_without_libraries_on_cpu():
