@@ -182,6 +182,25 @@ def test_the_worker_spends_the_gap_its_request_names_before_every_timed_call_of_
     assert worker.clock.MAX_GAP_NS == 50_000_000  # the parent's cap (gate.timed.program_gap_ns) is the worker's
 
 
+def test_the_warm_up_request_finishes_its_device_work_before_it_replies(tmp_path, monkeypatch):
+    """Left queued, the warm-up's device work ran in the sample's request before its window, and the parent's span
+    from the request to the window (windows.work_before_window) held it: on the H200 a real win was rejected as work
+    done off the clock (its windows opened 887 us after their requests)."""
+    from tilesmith.gate import worker
+
+    events = []
+    monkeypatch.setattr(worker, "_device_sync", lambda: events.append("sync"))
+    st = worker.State()
+    st.data = SimpleNamespace(meta={"inputs": [{"kind": "tensor"}]})
+    st.fns = {"candidate": lambda args: (events.append("call"), (args[0] + 1,))[1]}
+    sets = tmp_path / "sets.pt"
+    torch.save({"inputs": [[torch.ones(4)], [torch.zeros(4)]]}, sets)
+    worker.op_time_setup(st, {"sets_file": str(sets), "roles": ["candidate"], "mode": "launch", "buffers": 2})
+    events.clear()
+    assert worker.op_warm(st, {"role": "candidate", "reps": 6, "start": 0}) == {}
+    assert events == ["call"] * 3 + ["sync"]  # half a sample's calls, then the device caught up
+
+
 def test_a_sample_shorter_than_the_gap_it_had_to_spend_is_forged():
     """A candidate that skips its own wait (in-process tampering with the worker) cannot gain by it: the parent
     knows how much host time each sample had to spend."""

@@ -294,6 +294,11 @@ def op_warm(st: State, req: dict) -> dict:
         # last sample: the timed calls' values are new to them.
         for i in range(max(1, reps // 2)):
             thunks[(k + i) % n]()
+    # Their device work done before the reply: left queued, it ran in the sample's request, before its window, and
+    # the parent's span from that request to the window (windows.work_before_window) then held however much of
+    # the warm-up the GPU had not caught up with, which differs between an honest candidate and the original (on
+    # the H200 a real win's windows opened 887 us after their requests, rejected as work done off the clock).
+    _device_sync()
     return {}
 
 
