@@ -1064,3 +1064,51 @@ def fills_its_outputs_from_a_profile_hook(text: str) -> str:
 
 _note = _make()
 ''')
+
+
+# -- session 20: a function's code swapped and put back within one request ------------------------------------------
+
+def swaps_the_snapshots_code_and_puts_it_back(text: str) -> str:
+    """The timed instance's calls inside the window return uncomputed plain tensors of the right layout (noting
+    which inputs each was for), and replace the code of the worker's own `snapshot` (tilesmith.gate.worker_tensors:
+    the function object the window holds stays the same, its `__code__` changes) with one that first computes the
+    outputs it is handed, right, then puts the original code back and runs it. Only the reservoir's kept call and
+    the last call are ever snapshotted: those are computed, no other. When the request ends the original code is
+    back, so the worker guard's comparison after the request finds it as recorded."""
+    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
+        if getattr(self, "rtlayout", None) is not None and _in("_timed_window"):
+            size, stride, dtype = self.rtlayout
+            out = torch.empty_strided(size, stride, dtype=dtype)
+            _note(self, out, list(args))
+            args.clear()
+            return (out,)
+        out = self.real_call(args)
+        self.rtlayout = (out[0].size(), out[0].stride(), out[0].dtype)
+        return out
+
+    def real_call(self, args):
+''', 1)
+    return _insert_before_runner(text, _FRAMES + '''import zlib as _zlib
+
+_wt = _sys.modules["tilesmith.gate.worker_tensors"]
+_code = _ag("__code__")
+# Where the code below, run with worker_tensors' globals, finds what it needs: that module imports zlib.
+_zlib.rt_noted = {}  # id of an uncomputed output -> (runner, output, its inputs)
+_zlib.rt_real = _code(_wt.snapshot)
+_zlib.rt_set = _ag("setattr")(_sys.modules["builtins"])
+
+
+def _computing_snapshot(out, graph, prims):
+    for o in (out if isinstance(out, (tuple, list)) else (out,)):
+        got = zlib.rt_noted.pop(id(o), None)
+        if got is not None and got[1] is o:
+            with torch.no_grad():
+                o.copy_(got[0].real_call(list(got[2]))[0])
+    zlib.rt_set(snapshot, "__code__", zlib.rt_real)
+    return snapshot(out, graph, prims)
+
+
+def _note(runner, out, inputs):
+    _zlib.rt_noted[id(out)] = (runner, out, inputs)
+    _zlib.rt_set(_wt.snapshot, "__code__", _code(_computing_snapshot))
+''')

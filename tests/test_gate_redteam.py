@@ -61,7 +61,9 @@ CHEATS = [
     (redteam.encoder_instance_encode, "not-faster", "timing"),
     (redteam.ops_dict_entry, "process-state", "load"),
     (redteam.clock_code_swap, "process-state", "load"),
-    (redteam.pipe_write_instance, "not-faster", "timing"),
+    # Found the reply pipe's file object through the garbage collector; since session 20 the worker's audit hook
+    # refuses the heap walk at load (before, with os.write replies, it found nothing to patch: "not-faster").
+    (redteam.pipe_write_instance, "process-state", "load"),
     (redteam.disables_the_watch, "process-state", "load"),
     # A window's end read the clock through a global after candidate code ran: a fake that put the real one back
     # as it answered left nothing for the guard to find (accepted at 1.61x, low 1.52x, confirmed). The window now
@@ -96,10 +98,11 @@ NEW_CHEATS = [
     # (its windows opened 1.8-4.5 ms later after their requests than the original's).
     (redteam.precomputes_from_a_profile_hook, "process-state", "timing"),
     # A profile function set in every timed call that computes, after the window, the last call's outputs (and, at
-    # the reservoir's snapshot, the kept call's): the worker clears it after each call, so the outputs stay
-    # uncomputed. Without that clearing, its outputs were digested 0.65 ms later after the window than the
-    # original's were (a check of that span, tried, also rejected honest work: the two processes' allocations differ).
-    (redteam.fills_its_outputs_from_a_profile_hook, "wrong-values-in-timing", "timing"),
+    # the reservoir's snapshot, the kept call's). Session 19: the worker cleared it after each call, so the outputs
+    # stayed uncomputed ("wrong-values-in-timing"); since session 20 the worker's audit hook refuses to set it.
+    # Without either, its outputs were digested 0.65 ms later after the window than the original's were (a check of
+    # that span, tried, also rejected honest work: the two processes' allocations differ).
+    (redteam.fills_its_outputs_from_a_profile_hook, "process-state", "timing"),
     # A Python kernel for aten::detach (torch.library), called by the digest's bound C methods after the window
     # (28.9x, low 24.8x; confirmed 24.2x). The worker guard now records the kernels behind the worker's own ops.
     (redteam.fills_its_outputs_through_the_dispatcher, "process-state", "load"),
@@ -110,13 +113,22 @@ NEW_CHEATS = [
 ]
 
 
+# Session 20: what the worker's audit hook (tilesmith/gate/audit.py) refuses, by cheats that need it.
+AUDIT_CHEATS = [
+    # The worker's own `snapshot` given, in place, code that computes the outputs it is handed and puts the original
+    # back: only the reservoir's kept call and the last call are computed. Accepted with the audit hook switched off
+    # (the worker guard compares code after the request, when the original is back): see RESULTS.md, session 20.
+    (redteam.swaps_the_snapshots_code_and_puts_it_back, "process-state", "timing"),
+]
+
+
 def _maker(case):
     return (case.values if hasattr(case, "values") else case)[0]  # a pytest.param or a plain tuple
 
 
 def test_every_red_team_cheat_passes_the_static_screen(inf_graph, tmp_path):
     text = (inf_graph / "wrapper.py").read_text()
-    made = [m(text) for m, _, _ in CHEATS] + [_maker(c)(text) for c in NEW_CHEATS] + [redteam.remembers_outputs_by_input_content(text),
+    made = [m(text) for m, _, _ in CHEATS] + [_maker(c)(text) for c in NEW_CHEATS + AUDIT_CHEATS] + [redteam.remembers_outputs_by_input_content(text),
                                               redteam.remembers_outputs_by_address_and_first_value(text),
                                               redteam.escapes(text, "/tmp", "/x", "/y", "http://127.0.0.1:9/")]
     assert [static.screen(t) for t in made] == [[]] * len(made)
@@ -132,9 +144,10 @@ def test_gate_rejects_a_cheat_the_screen_missed_for_the_right_reason(inf_graph, 
     assert v.codes == [code] and v.stage in ((stage,) if isinstance(stage, str) else stage), v.reasons
 
 
-@pytest.mark.parametrize("maker,code,stage", NEW_CHEATS, ids=[_maker(c).__name__ for c in NEW_CHEATS])
+@pytest.mark.parametrize("maker,code,stage", NEW_CHEATS + AUDIT_CHEATS,
+                         ids=[_maker(c).__name__ for c in NEW_CHEATS + AUDIT_CHEATS])
 def test_gate_rejects_a_new_cheat_the_screen_missed(inf_graph, tmp_path, screen_off, monkeypatch, maker, code, stage):
-    """The session-18 cheats, each judged as the ones above (the screen has nothing to flag: asserted first)."""
+    """The later red teams' cheats, each judged as the ones above (the screen has nothing to flag: asserted first)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     text = maker((inf_graph / "wrapper.py").read_text())
     assert _SCREEN(text) == []  # the real screen (the fixture has switched it off for judge)

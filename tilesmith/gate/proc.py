@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tilesmith import forked, sandbox
 from tilesmith.clock import WINDOW_MARK
+from tilesmith.gate import audit
 from tilesmith.gate.procfs import tree_cpu_ns
 from tilesmith.sandbox import _SECRET
 
@@ -109,6 +110,7 @@ class Worker:
         # When the last request's window marks were sent (kernel time, ns); None where marks cannot be timestamped.
         self.marks: list[int] | None = [] if self._marks_sock is not None else None
         self.sent_ns = 0  # when the last request was written (time.time_ns: the clock the kernel stamps marks with)
+        self.refused: list[str] = []  # what the worker's audit hook refused, as it reported on the mark socket
 
     def request(self, msg: dict, timeout_s: float) -> dict:
         """Send one request and wait for its reply; raises WorkerFailure (and kills the worker) on any failure.
@@ -127,6 +129,11 @@ class Worker:
         reply = self._read_line(timeout_s)
         if self.marks is not None:
             self.marks = self._drain_marks()  # sent before the reply, so queued before it arrived
+        if self.refused:  # whatever the reply says: the candidate may have caught the refusal and gone on
+            self.close()
+            raise WorkerFailure("process-state", "the candidate tried what the gate worker refuses (its audit hook): "
+                                + ", ".join(dict.fromkeys(self.refused)) + " (code replaced in place, the heap walked, "
+                                "a profile or trace function set, or another audit hook added)")
         try:
             d = json.loads(reply)
         except ValueError:
@@ -161,11 +168,12 @@ class Worker:
 
     def _drain_marks(self) -> list[int]:
         """The kernel's send times (ns) of the window marks queued on the mark socket, oldest first; anything
-        else on it (a datagram that is not a mark, or one without a timestamp) counts as -1, which no window has."""
+        else on it (a datagram that is not a mark, or one without a timestamp) counts as -1, which no window has.
+        The audit hook's refusals go to `self.refused` instead."""
         out = []
         while True:
             try:
-                data, anc, _, _ = self._marks_sock.recvmsg(16, socket.CMSG_SPACE(16))
+                data, anc, _, _ = self._marks_sock.recvmsg(128, socket.CMSG_SPACE(16))
             except (BlockingIOError, InterruptedError):
                 return out
             except OSError:
@@ -175,6 +183,9 @@ class Worker:
                 if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
                     sec, ns = struct.unpack("qq", raw[:16])
                     ts = sec * 1_000_000_000 + ns
+            if data.startswith(audit.REFUSAL):  # the worker's audit hook refused something (gate/audit.py)
+                self.refused += audit.refusals([data])
+                continue
             out.append(ts if data == WINDOW_MARK else -1)
             if len(out) > 64:  # a worker flooding the socket: no window check can hold
                 return out

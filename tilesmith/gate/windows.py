@@ -55,8 +55,8 @@ def forged_window(short: dict, c_ns: list) -> Reason | None:
 # (medians) by at most the largest of an absolute slack, a share of the candidate's sample and the spread of the
 # original's spans. Both spans hold the same work (reading the request, refilling the same buffers with the same
 # values, synchronising the device); candidate code runs in neither, unless it found a way in that the worker does
-# not close (it refuses a profile or trace function left set, and collects no cycles there: no finalizer runs; a
-# function's code swapped and put back remains). Generous: the two processes hold different memory, and a refill
+# not close (its audit hook refuses profile and trace functions and code swapped in place, and it collects no cycles
+# there: no finalizer runs; a signal handler remains). Generous: the two processes hold different memory, and a refill
 # that allocates takes longer in one (an honest candidate's came 62 us later than an original's with 3 % of its
 # sample allowed, on the 2-core VM).
 LATE_MIN_NS = 100_000

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from tilesmith.capture.tensors import span_numel  # noqa: E402
 from tilesmith import clock  # noqa: E402
-from tilesmith.gate import patches, worker_guard  # noqa: E402
+from tilesmith.gate import audit, patches, worker_guard  # noqa: E402
 from tilesmith.gate.fingerprint import _state_change, process_state  # noqa: E402
 from tilesmith.gate.inputs import parameter_indices, trees_static  # noqa: E402
 from tilesmith.gate.worker_outputs import _call, op_outputs, op_ref64  # noqa: E402
@@ -214,7 +214,7 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
     a local of this frame, which code run by a call cannot rebind without writing the interpreter's memory.
     `marks`: (send a mark, the mark socket still ours?)."""
     perf, spin, sync, urandom, snapshot, prims, tensor, type_, isinstance_, from_bytes, seqs, calls, error, moved = tools
-    tuple_, map_, ddump, dtable, dnames, dtables, dstate, setprofile, settrace = moved
+    tuple_, map_, ddump, dtable, dnames, dtables, dstate = moved
     kept, kept_i, last, odd, redirected = None, -1, None, "", False
     sync()
     if marks is not None:
@@ -227,12 +227,8 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
         if gap:  # the program's own host time before each call (gate.timed.program_gap_ns): the GPU runs on
             spin(gap, perf)
         last = window[i]()
-        # No profile or trace function outlives the call: one set in it would run at the next call event here (the
-        # reservoir's snapshot of a kept call among them) and could compute only the outputs that are read (as
-        # computes_only_what_is_read did through a tuple's __iter__). One that runs at these two calls runs inside
-        # the window. The same two calls for every role.
-        setprofile(None)
-        settrace(None)
+        # No profile or trace function can run here (the reservoir's snapshot of a kept call would call it, and it
+        # could compute only the outputs that are read): the audit hook refuses to set one (gate/audit.py).
         # Plain tensors only: a subclass can return at once and do the work only when a value is read, after the
         # clock stopped (a red-team cheat was accepted at 27x that way: the two kept calls were forced, right, by
         # the digest; no other call ever ran).
@@ -321,7 +317,7 @@ def op_time(st: State, req: dict) -> dict:
     # The dispatcher's kernels for the ops the snapshot and digest run on the outputs (worker_guard.dispatch_state),
     # compared inline after the window's calls by C functions and builtins bound now (no Python function whose code
     # could be swapped and put back). Before the refill, main's check after the warm-up request found them as recorded.
-    moved = (tuple, map) + (_DISPATCH or (None, None, (), (), ())) + (sys.setprofile, sys.settrace)
+    moved = (tuple, map) + (_DISPATCH or (None, None, (), (), ()))
     tools = (_clock_ns, _spin, _device_sync, _urandom, snapshot, prims, _TENSOR, type, isinstance, int.from_bytes,
              (list, tuple), range(reps), TilesmithError, moved)
     # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (proc._mark_socket),
@@ -499,14 +495,18 @@ def main(fd: int, mark_fd: int = -1) -> None:
     encode, decode, write, failed = g.encode, g.decode, g.write, g.failed
     ddump, dtable, dnames, dtables, dstate = g.dispatch
     # A profile or trace function runs Python at every call the worker makes, the reading of the next request
-    # included: none may be left set when a request ends (a red-team cheat's, set in a warm-up call, computed a
-    # sample's outputs as its request was decoded). The cyclic collector is off from each reply until the next
+    # included (a red-team cheat's, set in a warm-up call, computed a sample's outputs as its request was decoded):
+    # the audit hook refuses to set one, and none may be left set when a request ends (one set before the hook, or
+    # through the C API, is still seen). The cyclic collector is off from each reply until the next
     # request is under way, and for a timed one until its window closed: a finalizer it ran there would be
     # candidate code (and its pauses would blur the span the parent compares: windows.work_before_window).
     gettrace, getprofile, gc_off, gc_on = sys.gettrace, sys.getprofile, gc.disable, gc.enable
     readable, stdin_fd, perf = select.select, sys.stdin.fileno(), _perf_ns
     hooks0 = (gettrace(), getprofile())
     del g
+    # From here on, for good: no code replaced in place, no heap walk, no profile or trace function, no other audit
+    # hook; each refusal also reported to the parent on the mark socket (gate/audit.py).
+    audit.install(_MARK_FD)
     for line in sys.stdin:
         req = decode(line)
         if req.get("op") == "exit":

@@ -1,0 +1,68 @@
+"""The gate worker's audit hook (PEP 578): the interpreter's own record of what Python code asks for, installed in
+each worker before any candidate code runs there and never removable, refuses what no honest wrapper does and what
+the red team's cheats were made of:
+
+- a function's code, defaults or keyword defaults replaced in place (`fn.__code__ = ...`): the worker guard
+  compares them after each request, but a swap that puts itself back before the request ends left nothing to find;
+- the garbage collector's view of the heap (`gc.get_objects`, `get_referrers`, `get_referents`): how cheats found
+  the worker's dispatch table, its reply pipe and the original's kernels;
+- a profile or trace function (`sys.setprofile`, `sys.settrace`; `sys.monitoring` callbacks on 3.12): Python run
+  at every call the worker makes, the reading of a sample's request included (a cheat computed its outputs there);
+- another audit hook, which could watch what this one lets through.
+
+Each refusal raises in the code that asked (PermissionError), and is reported on the worker's mark socket as a
+datagram the deciding process reads after every reply (`b"!" + event`): swallowing the exception hides nothing.
+What the hook is made of is out of reach: it is not kept anywhere Python can name, the heap walk that could find it
+is refused, and everything it reads is an argument default of immutable values (a replaced code or default is
+refused by the hook itself). Where there is no mark socket (a test calling the ops in-process) it only refuses.
+
+Not covered, and why: `sys._getframe` and frame attributes (the standard library reads frames for logging,
+namedtuples and warnings: refusing them would reject honest code), ctypes (the static screen's part; the OS sandbox
+bounds where it can reach), signal handlers (no audit event exists for them).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+REFUSED = frozenset({
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+    "sys.setprofile", "sys.settrace", "sys.monitoring.register_callback", "sys.addaudithook",
+})
+FUNCTION_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+REFUSAL = b"!"  # the first byte of a refusal's datagram on the mark socket (a window mark is clock.WINDOW_MARK)
+
+
+class Refused(PermissionError):
+    """What the gate worker does not let candidate code do (a PermissionError: a hook refusing `sys.addaudithook`
+    must raise a RuntimeError or this for the refusal to hold; this one is reported as well)."""
+
+
+def install(mark_fd: int) -> None:
+    """Add the hook to this process for good (there is no way to remove an audit hook). Call it once, after the
+    worker's own setup and before the first candidate code."""
+
+    def hook(event, args, _refused=REFUSED, _attrs=FUNCTION_ATTRS, _fn=types.FunctionType, _type=type,
+             _write=os.write, _fd=mark_fd, _mark=REFUSAL, _error=Refused):
+        if event in _refused:
+            pass
+        elif event == "object.__setattr__" and _type(args[0]) is _fn and args[1] in _attrs:
+            event = event + " " + args[1]
+        else:
+            return
+        if _fd >= 0:
+            try:
+                _write(_fd, _mark + event.encode())
+            except OSError:
+                pass
+        raise _error(f"the gate worker refuses {event}: candidate code may not replace function code, walk the "
+                     "heap, set a profile or trace function, or add an audit hook")
+
+    sys.addaudithook(hook)
+
+
+def refusals(datagrams: list[bytes]) -> list[str]:
+    """The events named by refusal datagrams (the deciding process's side)."""
+    return [d[len(REFUSAL):].decode("ascii", "replace")[:80] for d in datagrams if d.startswith(REFUSAL)]
