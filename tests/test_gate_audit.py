@@ -35,7 +35,8 @@ def swap():
 
 
 tries = {"code": swap, "defaults": lambda: setattr(f, "__defaults__", (1,)),
-         "kwdefaults": lambda: setattr(f, "__kwdefaults__", {}), "heap": gc.get_objects,
+         "kwdefaults": lambda: setattr(f, "__kwdefaults__", {}), "del defaults": lambda: delattr(f, "__defaults__"),
+         "heap": gc.get_objects,
          "referrers": lambda: gc.get_referrers(f), "referents": lambda: gc.get_referents(f),
          "profile": lambda: sys.setprofile(None), "trace": lambda: sys.settrace(None),
          "hook": lambda: sys.addaudithook(lambda *a: None),
@@ -65,12 +66,12 @@ def test_the_audit_hook_refuses_code_swaps_heap_walks_hooks_and_tracing_and_repo
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout.strip().splitlines()[-1])
-    refused = ["code", "defaults", "kwdefaults", "heap", "referrers", "referents", "profile", "trace"]
+    refused = ["code", "defaults", "kwdefaults", "del defaults", "heap", "referrers", "referents", "profile", "trace"]
     assert r["out"] == {**{k: "refused" for k in refused}, "hook": "allowed",  # refusal suppressed by Python ...
                         "frame": "allowed", "read code": "allowed", "name": "allowed", "gc collect": "allowed"}
     assert r["f"] == 1  # the swap never happened
     assert r["reported"] == ["object.__setattr__ __code__", "object.__setattr__ __defaults__",
-                             "object.__setattr__ __kwdefaults__", "gc.get_objects", "gc.get_referrers",
+                             "object.__setattr__ __kwdefaults__", "object.__delattr__ __defaults__", "gc.get_objects", "gc.get_referrers",
                              "gc.get_referents", "sys.setprofile", "sys.settrace",
                              "sys.addaudithook"]  # ... but reported: the second hook was not added
     assert audit.refusals([b"|", b"!gc.get_objects"]) == ["gc.get_objects"]  # window marks are not refusals

@@ -32,23 +32,26 @@ REFUSED = frozenset({
     "sys.setprofile", "sys.settrace", "sys.monitoring.register_callback", "sys.addaudithook",
 })
 FUNCTION_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+# Set or deleted (Python raises no event for defaults set to None; the worker guard still compares them after each
+# request).
+CHANGES = frozenset({"object.__setattr__", "object.__delattr__"})
 REFUSAL = b"!"  # the first byte of a refusal's datagram on the mark socket (a window mark is clock.WINDOW_MARK)
 
 
 class Refused(PermissionError):
-    """What the gate worker does not let candidate code do (a PermissionError: a hook refusing `sys.addaudithook`
-    must raise a RuntimeError or this for the refusal to hold; this one is reported as well)."""
+    """What the gate worker does not let candidate code do. A refused `sys.addaudithook` raises nothing in the caller
+    (Python drops the new hook and the exception); it is reported like the others."""
 
 
 def install(mark_fd: int) -> None:
     """Add the hook to this process for good (there is no way to remove an audit hook). Call it once, after the
     worker's own setup and before the first candidate code."""
 
-    def hook(event, args, _refused=REFUSED, _attrs=FUNCTION_ATTRS, _fn=types.FunctionType, _type=type,
+    def hook(event, args, _refused=REFUSED, _changes=CHANGES, _attrs=FUNCTION_ATTRS, _fn=types.FunctionType, _type=type,
              _write=os.write, _fd=mark_fd, _mark=REFUSAL, _error=Refused):
         if event in _refused:
             pass
-        elif event == "object.__setattr__" and _type(args[0]) is _fn and args[1] in _attrs:
+        elif event in _changes and _type(args[0]) is _fn and args[1] in _attrs:
             event = event + " " + args[1]
         else:
             return
