@@ -3,6 +3,7 @@ slow down, or change the numerics of, code that runs after it in its worker (the
 
 from __future__ import annotations
 
+import signal
 import sys
 from types import SimpleNamespace
 
@@ -35,4 +36,22 @@ def test_a_mode_left_entered_autocast_and_the_switch_interval_are_state_changes(
         assert "switch_interval" in _state_change(st)
     finally:
         sys.setswitchinterval(old)
+    assert _state_change(st) == ""
+
+
+def test_a_python_signal_handler_or_an_armed_interval_timer_left_behind_is_a_state_change():
+    st = SimpleNamespace(state0=process_state())
+    old = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+    try:
+        assert "signals" in _state_change(st)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert _state_change(st) == ""
+    old = signal.signal(signal.SIGVTALRM, signal.SIG_IGN)  # armed, the timer must not end the test process
+    try:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 100.0)
+        assert "interval_timers [False, False, False] -> [False, True, False]" in _state_change(st)
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+    finally:
+        signal.signal(signal.SIGVTALRM, old)
     assert _state_change(st) == ""

@@ -4,6 +4,7 @@ runs in the worker and compared after every request (a change is the reply `proc
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from typing import TYPE_CHECKING
@@ -41,6 +42,10 @@ def process_state() -> dict:
           "sdp": [_ask(torch.backends.cuda, "flash_sdp_enabled"), _ask(torch.backends.cuda, "mem_efficient_sdp_enabled"),
                   _ask(torch.backends.cuda, "math_sdp_enabled")],
           "switch_interval": sys.getswitchinterval(),
+          # A Python signal handler is handed the running frame: on an interval timer it runs between any two of
+          # the worker's bytecodes (after a window, before the digest of its outputs, say). None may be set or
+          # armed when a request ends; one that removes itself within a request is not seen (see audit.py).
+          "signals": _signal_handlers(), "interval_timers": _armed_timers(),
           "scheduler": [os.sched_getscheduler(0), os.sched_getparam(0).sched_priority]
           if hasattr(os, "sched_getscheduler") else []}
     # Nothing about CUDA is asked at import: the zygote that workers fork from imports this module, and a
@@ -50,6 +55,19 @@ def process_state() -> dict:
         st["cuda_stream"] = torch.cuda.current_stream().cuda_stream
         st["allocator"] = torch.cuda.get_allocator_backend()
     return st
+
+
+def _signal_handlers() -> list:
+    """The Python-level handler of every signal a process can catch (the callable, or SIG_DFL/SIG_IGN/None)."""
+    return [signal.getsignal(n) for n in sorted(signal.valid_signals()) if n not in _UNCATCHABLE]
+
+
+def _armed_timers() -> list:
+    """Which interval timers (real, virtual, profiling) are armed."""
+    return [signal.getitimer(w) != (0.0, 0.0) for w in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)]
+
+
+_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP} if hasattr(signal, "SIGKILL") else set()
 
 
 def _ask(obj, name: str, *args):
