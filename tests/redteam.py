@@ -1112,3 +1112,94 @@ def _note(runner, out, inputs):
     _zlib.rt_noted[id(out)] = (runner, out, inputs)
     _zlib.rt_set(_wt.snapshot, "__code__", _code(_computing_snapshot))
 ''')
+
+
+def fills_its_outputs_from_the_grad_mode_exit(text: str) -> str:
+    """The timed instance's calls inside the window return uncomputed plain tensors (noting their inputs) and set
+    the module attribute `torch.set_grad_enabled`, which `torch.no_grad()`'s exit looks up as it runs, to a function
+    that puts the real one back, reads the reservoir's kept call and the last call from op_time's frame and computes
+    exactly those, after the window and before their digest. Found by a helper's red team (session 20): accepted at
+    15.3x (low 13.6x), confirmed. No code is replaced: no audit event."""
+    return _insert_before_runner(text.replace("    def call(self, args):\n", _NOTED_WHEN_TIMED, 1), _FRAMES + '''
+def _make():
+    noted = {}  # id of an uncomputed output -> (runner, output, its inputs)
+    real = torch.set_grad_enabled
+    set_ = _ag("setattr")(_sys.modules["builtins"])
+
+    def fill(mode):
+        set_(torch, "set_grad_enabled", real)  # put back first
+        f = _ag("_getframe")(_sys)(1)
+        while f is not None and f.f_code.co_name != "op_time":
+            f = _ag("f_back")(f)
+        if f is not None:
+            loc = _ag("f_locals")(f)
+            for outs in (loc.get("kept"), loc.get("last")):
+                _computed(noted, outs)
+        noted.clear()
+        return real(mode)
+
+    def note(runner, out, inputs):
+        noted[id(out)] = (runner, out, inputs)
+        set_(torch, "set_grad_enabled", fill)
+    return note
+
+
+_note = _make()
+''' + _COMPUTED)
+
+
+def fills_its_outputs_from_the_states_setattr(text: str) -> str:
+    """The same uncomputed outputs; the window's calls give the worker's `State` class (found through op_time's
+    frame) a `__setattr__` that op_time's `st.pending = ...` called after the window and before the digest: it
+    deletes itself, fills the kept and last outputs, then sets the attribute. Found by the same red team: accepted
+    at 13.0x (low 12.2x), confirmed."""
+    return _insert_before_runner(text.replace("    def call(self, args):\n", _NOTED_WHEN_TIMED, 1), _FRAMES + '''
+def _make():
+    noted = {}  # id of an uncomputed output -> (runner, output, its inputs)
+    builtins = _sys.modules["builtins"]
+    set_, del_, plain_set = _ag("setattr")(builtins), _ag("delattr")(builtins), _ag("__setattr__")(object)
+
+    def fill(self, name, value):
+        del_(type(self), "__setattr__")  # put back first
+        if name == "pending" and isinstance(value, dict):
+            for outs in value.get("outputs") or ():
+                _computed(noted, outs)
+            noted.clear()
+        plain_set(self, name, value)
+
+    def note(runner, out, inputs):
+        noted[id(out)] = (runner, out, inputs)
+        f = _ag("_getframe")(_sys)(1)
+        while f is not None and f.f_code.co_name != "op_time":
+            f = _ag("f_back")(f)
+        if f is not None:
+            set_(type(_ag("f_locals")(f)["st"]), "__setattr__", fill)
+    return note
+
+
+_note = _make()
+''' + _COMPUTED)
+
+
+_NOTED_WHEN_TIMED = '''    def call(self, args):
+        if getattr(self, "rtlayout", None) is not None and _in("_timed_window"):
+            size, stride, dtype = self.rtlayout
+            out = torch.empty_strided(size, stride, dtype=dtype)
+            _note(self, out, list(args))
+            args.clear()
+            return (out,)
+        out = self.real_call(args)
+        self.rtlayout = (out[0].size(), out[0].stride(), out[0].dtype)
+        return out
+
+    def real_call(self, args):
+'''
+_COMPUTED = '''
+
+def _computed(noted, outs):
+    for o in (outs or ()):
+        got = noted.get(id(o))
+        if got is not None and got[1] is o:
+            with torch.no_grad():
+                o.copy_(got[0].real_call(list(got[2]))[0])
+'''

@@ -119,6 +119,11 @@ AUDIT_CHEATS = [
     # back: only the reservoir's kept call and the last call are computed. Accepted with the audit hook switched off
     # (the worker guard compares code after the request, when the original is back): see RESULTS.md, session 20.
     (redteam.swaps_the_snapshots_code_and_puts_it_back, "process-state", "timing"),
+    # A helper's red team against the hook (session 20) went around it: no code replaced, Python the worker ran
+    # between the window's end and the digest redirected through a module attribute and a class attribute, each put
+    # back (accepted at 15.3x and 13.0x, confirmed). That span now runs only C functions and locals bound before.
+    (redteam.fills_its_outputs_from_the_grad_mode_exit, "process-state", "timing"),  # its replacement stays set
+    (redteam.fills_its_outputs_from_the_states_setattr, "protocol", "timing"),  # filled after the digest
 ]
 
 

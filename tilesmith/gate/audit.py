@@ -48,7 +48,7 @@ def install(mark_fd: int) -> None:
     worker's own setup and before the first candidate code."""
 
     def hook(event, args, _refused=REFUSED, _changes=CHANGES, _attrs=FUNCTION_ATTRS, _fn=types.FunctionType, _type=type,
-             _write=os.write, _fd=mark_fd, _mark=REFUSAL, _error=Refused):
+             _write=os.write, _exit=os._exit, _fd=mark_fd, _mark=REFUSAL, _error=Refused):
         if event in _refused:
             pass
         elif event in _changes and _type(args[0]) is _fn and args[1] in _attrs:
@@ -58,8 +58,8 @@ def install(mark_fd: int) -> None:
         if _fd >= 0:
             try:
                 _write(_fd, _mark + event.encode())
-            except OSError:
-                pass
+            except OSError:  # the socket filled or made non-blocking by candidate code: the worker ends, unreported
+                _exit(70)     # refusals are not an option (the parent sees it crash)
         raise _error(f"the gate worker refuses {event}: candidate code may not replace function code, walk the "
                      "heap, set a profile or trace function, or add an audit hook")
 

@@ -40,6 +40,7 @@ _MARK_FD = -1  # the socket timed windows are marked on (main sets it before the
 _MARK_ID = None  # that socket's identity, (st_dev, st_ino): a descriptor redirected to anything else is seen
 _TENSOR = torch.Tensor
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
+_grad_enabled, _set_grad = torch._C.is_grad_enabled, torch._C._set_grad_enabled
 _DISPATCH = None  # worker_guard.dispatch_state(): main sets it before the worker guard records this module
 WARM_WAIT_NS = 50_000_000  # after a warm-up, how long the worker waits for the sample's request awake (spinning)
 
@@ -338,16 +339,26 @@ def op_time(st: State, req: dict) -> dict:
     for b, c in enumerate(req.get("fill") or []):
         _set_content(st, st.bufs[role][b], st.pool[role][c], req.get("perturb"), b)
     window = [thunks[(k + i) % n] for i in range(reps)]
-    with torch.no_grad():
+    # From the window's end to the digest of its kept outputs nothing runs that candidate code can redirect: grad
+    # mode through C functions bound at import (`torch.no_grad()`'s exit looks `torch.set_grad_enabled` up as it
+    # runs: a replacement that put the original back filled the kept and last outputs there, accepted at 15x), no
+    # attribute of `st` (its class's `__setattr__` can be replaced: 13x), the collector still off (finalizers).
+    grad_was = _grad_enabled()
+    _set_grad(False)
+    try:
         ns, kept, kept_i, last = timed_window(window, gap, graph, ours, marks, tools)
-    gc_on()  # off since the last reply (main)
-    reply = {"ns": ns}
+    finally:
+        _set_grad(grad_was)
     if ours:
-        st.pending = {"start": k, "calls": [kept_i, reps - 1], "outputs": [kept, snapshot(last, graph, prims)]}
-        # Bound now, before any more candidate code runs: the kept outputs go to a file in the candidate's
-        # own folder and reach the parent later (gate.timed._timing_checks compares).
-        reply["digest"] = digest(st.pending["outputs"], prims)
-    return reply
+        outputs = [kept, snapshot(last, graph, prims)]
+        # The kept outputs go to a file in the candidate's own folder and reach the parent later
+        # (gate.timed._timing_checks compares them with this).
+        crc = digest(outputs, prims)
+    gc_on()  # off since the last reply (main)
+    if not ours:
+        return {"ns": ns}
+    st.pending = {"start": k, "calls": [kept_i, reps - 1], "outputs": outputs}
+    return {"ns": ns, "digest": crc}
 
 
 def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:
@@ -492,7 +503,7 @@ def main(fd: int, mark_fd: int = -1) -> None:
     g = worker_guard.build([OPS])
     all_, map_, getattr_, is_, getitem, len_, tuple_ = g.bound
     objs, names, vals, dicts, keys, dvals, tables, sizes = g.objs, g.names, g.vals, g.dicts, g.keys, g.dvals, g.tables, g.sizes
-    encode, decode, write, failed = g.encode, g.decode, g.write, g.failed
+    decode, write, failed, chunks, join_ = g.decode, g.write, g.failed, g.chunks, "".join
     ddump, dtable, dnames, dtables, dstate = g.dispatch
     # A profile or trace function runs Python at every call the worker makes, the reading of the next request
     # included (a red-team cheat's, set in a warm-up call, computed a sample's outputs as its request was decoded):
@@ -518,13 +529,18 @@ def main(fd: int, mark_fd: int = -1) -> None:
         # warmed cold (a 1-call sample on the VM came out 60 us slower and a real 1.35x win read as 1.04x). What the
         # warm-up changed they still find: after the sample's request, before its reply, comparing with the state
         # before any candidate code ran.
-        full = req.get("op") != "warm"
+        full, data = req.get("op") != "warm", None
         try:
             reply = {"ok": True, **OPS[req["op"]](st, req)}
+            # The reply's bytes before the checks below run Python that candidate code could reach (a class attribute
+            # replaced and put back by then): what the op measured cannot be rewritten after this line.
+            data = (join_(chunks(reply, 0)) + "\n").encode()
             changed = full and (_state_change(st) or _patched(st))
             if changed:  # checked after every request that ran candidate code, before any answer
                 reply = {"ok": False, "code": "process-state", "error": "the candidate changes process state: " + changed}
+                data = None
         except Exception as e:  # the candidate raised (or could not load): the parent decides what it means
+            data = None
             from tilesmith.errors import TilesmithError
 
             code = e.code if isinstance(e, TilesmithError) else "raised"
@@ -538,7 +554,9 @@ def main(fd: int, mark_fd: int = -1) -> None:
                       and (gettrace(), getprofile()) == hooks0)
         except Exception:  # noqa: BLE001
             intact = False
-        data = (encode(reply) + "\n").encode() if intact else failed
+        if data is None:
+            data = (join_(chunks(reply, 0)) + "\n").encode()
+        data = data if intact else failed
         gc_off()
         while data:
             data = data[write(fd, data):]

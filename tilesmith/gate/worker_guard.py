@@ -108,11 +108,21 @@ class Guard:
         self.sizes = tuple(len(d) for d in self.tables)
         self.bound = (all, map, getattr, operator.is_, operator.getitem, len, tuple)
         self.encode, self.decode, self.write = enc.encode, dec.decode, os.write
+        # The replies' text made by json's C encoder alone (called with the reply and 0, it returns the text's
+        # chunks): json's Python encoder looks `iterencode` up on its class as it runs, and candidate code can set a
+        # class attribute and put it back (no audit event) to rewrite a reply it has seen complete.
+        c = getattr(json.encoder, "c_make_encoder", None)
+        self.chunks = (c(None, _unencodable, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True)
+                       if c is not None else (lambda o, _level, _enc=enc.encode: (_enc(o),)))
         self.dispatch = dispatch_state()
         self.failed = (json.dumps({"ok": False, "code": "process-state", "error": (
             "the candidate changes process state: it replaces the gate worker's own code or state (a function's code, "
             "an entry of its op table, its reply encoder, a kernel of an op the worker runs), which measures and "
             "reports the timings")}) + "\n").encode()
+
+
+def _unencodable(o):
+    raise TypeError(f"a gate worker's reply holds a {type(o).__name__}, which JSON cannot hold")
 
 
 MODULES = ("__main__", "tilesmith.clock", "tilesmith.gate.worker_tensors", "tilesmith.gate.worker_outputs",
