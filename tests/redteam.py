@@ -766,6 +766,44 @@ _UNCOMPUTED_WHEN_TIMED = '''    def call(self, args):
 
     def real_call(self, args):
 '''
+_NOTED_WHEN_TIMED = '''    def call(self, args):
+        if getattr(self, "rtlayout", None) is not None and _in("_timed_window"):
+            size, stride, dtype = self.rtlayout
+            out = torch.empty_strided(size, stride, dtype=dtype)
+            _note(self, out, list(args))
+            args.clear()
+            return (out,)
+        out = self.real_call(args)
+        self.rtlayout = (out[0].size(), out[0].stride(), out[0].dtype)
+        return out
+
+    def real_call(self, args):
+'''
+_COMPUTED = '''
+
+def _computed(noted, outs):
+    for o in (outs or ()):
+        got = noted.get(id(o))
+        if got is not None and got[1] is o:
+            with torch.no_grad():
+                o.copy_(got[0].real_call(list(got[2]))[0])
+'''
+_PLANNED = '''
+
+def _planned(runner, req, st, memo):
+    """Every timed call's outputs for the sample `req` asks for, computed now into `memo` by the addresses of the
+    buffers each call will read: those buffers' coming values rebuilt in copies with the worker's own refill."""
+    memo.clear()
+    worker = _sys.modules["__main__"]
+    role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
+    bufs = st.bufs[role]
+    for i in range(reps):
+        b = (k + i) % len(bufs)
+        ins = [x.clone() if isinstance(x, torch.Tensor) else x for x in bufs[b]]
+        worker._set_content(st, ins, st.pool[role][req["fill"][b]], req.get("perturb"), b)
+        with torch.no_grad():
+            memo[_key(bufs[b])] = runner.real_call(list(ins))
+'''
 _TIMED_LOAD = '''
 import string as _string
 import torch.library
@@ -862,16 +900,7 @@ def precomputes_the_sample_in_its_untimed_calls(text: str) -> str:
         if req is None or st is None or not req.get("fill") or (planned and planned[0] is req):
             return
         planned[:] = [req]
-        memo.clear()
-        worker = _sys.modules["__main__"]
-        role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
-        bufs = st.bufs[role]
-        for i in range(reps):
-            b = (k + i) % len(bufs)
-            ins = [x.clone() if isinstance(x, torch.Tensor) else x for x in bufs[b]]
-            worker._set_content(st, ins, st.pool[role][req["fill"][b]], req.get("perturb"), b)
-            with torch.no_grad():
-                memo[_key(bufs[b])] = runner.real_call(list(ins))
+        _planned(runner, req, st, memo)
 
     def answer(args):
         return memo.pop(_key(args), None)
@@ -879,7 +908,7 @@ def precomputes_the_sample_in_its_untimed_calls(text: str) -> str:
 
 
 _request, _plan, _answer = _make()
-''')
+''' + _PLANNED)
 
 
 def fills_its_outputs_through_the_dispatcher(text: str) -> str:
@@ -977,18 +1006,6 @@ def precomputes_from_a_profile_hook(text: str) -> str:
     return _insert_before_runner(text, _FRAMES + '''def _make():
     memo = {}
 
-    def plan(runner, req, st):
-        memo.clear()
-        worker = _sys.modules["__main__"]
-        role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
-        bufs = st.bufs[role]
-        for i in range(reps):
-            b = (k + i) % len(bufs)
-            ins = [x.clone() if isinstance(x, torch.Tensor) else x for x in bufs[b]]
-            worker._set_content(st, ins, st.pool[role][req["fill"][b]], req.get("perturb"), b)
-            with torch.no_grad():
-                memo[_key(bufs[b])] = runner.real_call(list(ins))
-
     def arm(runner):
         setprofile = _ag("setprofile")(_sys)
 
@@ -999,7 +1016,7 @@ def precomputes_from_a_profile_hook(text: str) -> str:
                 setprofile(None)
                 req = _sys.modules["json"].loads(line)
                 if req.get("op") == "time" and req.get("role") == "candidate" and req.get("fill"):
-                    plan(runner, req, loc["st"])
+                    _planned(runner, req, loc["st"], memo)
         setprofile(hook)
 
     def answer(args):
@@ -1008,7 +1025,7 @@ def precomputes_from_a_profile_hook(text: str) -> str:
 
 
 _arm, _answer = _make()
-''')
+''' + _PLANNED)
 
 
 def fills_its_outputs_from_a_profile_hook(text: str) -> str:
@@ -1018,29 +1035,10 @@ def fills_its_outputs_from_a_profile_hook(text: str) -> str:
     kept from the worker's frame, computes exactly the kept call's and the last call's outputs into the tensors it
     handed out, and removes itself: the snapshot and the digest then read right values, and the other calls never
     ran. Nothing the guard records is changed when the request ends."""
-    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
-        if getattr(self, "rtlayout", None) is not None and _in("_timed_window"):
-            size, stride, dtype = self.rtlayout
-            out = torch.empty_strided(size, stride, dtype=dtype)
-            _note(self, out, list(args))
-            args.clear()
-            return (out,)
-        out = self.real_call(args)
-        self.rtlayout = (out[0].size(), out[0].stride(), out[0].dtype)
-        return out
-
-    def real_call(self, args):
-''', 1)
+    text = text.replace("    def call(self, args):\n", _NOTED_WHEN_TIMED, 1)
     return _insert_before_runner(text, _FRAMES + '''def _make():
     noted = {}  # id of an uncomputed output -> (runner, output, its inputs)
     setprofile = _ag("setprofile")(_sys)
-
-    def fill(outs):
-        for o in (outs if isinstance(outs, (tuple, list)) else (outs,)):
-            got = noted.get(id(o))
-            if got is not None and got[1] is o:
-                with torch.no_grad():
-                    o.copy_(got[0].real_call(list(got[2]))[0])
 
     def hook(frame, event, arg):
         f = frame
@@ -1052,8 +1050,8 @@ def fills_its_outputs_from_a_profile_hook(text: str) -> str:
         if "last" not in loc or loc.get("last") is None:
             return  # still inside the window
         setprofile(None)
-        fill(loc.get("kept"))
-        fill(loc.get("last"))
+        _computed(noted, loc.get("kept"))
+        _computed(noted, loc.get("last"))
         noted.clear()
 
     def note(runner, out, inputs):
@@ -1063,7 +1061,7 @@ def fills_its_outputs_from_a_profile_hook(text: str) -> str:
 
 
 _note = _make()
-''')
+''' + _COMPUTED)
 
 
 # -- session 20: a function's code swapped and put back within one request ------------------------------------------
@@ -1075,19 +1073,7 @@ def swaps_the_snapshots_code_and_puts_it_back(text: str) -> str:
     outputs it is handed, right, then puts the original code back and runs it. Only the reservoir's kept call and
     the last call are ever snapshotted: those are computed, no other. When the request ends the original code is
     back, so the worker guard's comparison after the request finds it as recorded."""
-    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
-        if getattr(self, "rtlayout", None) is not None and _in("_timed_window"):
-            size, stride, dtype = self.rtlayout
-            out = torch.empty_strided(size, stride, dtype=dtype)
-            _note(self, out, list(args))
-            args.clear()
-            return (out,)
-        out = self.real_call(args)
-        self.rtlayout = (out[0].size(), out[0].stride(), out[0].dtype)
-        return out
-
-    def real_call(self, args):
-''', 1)
+    text = text.replace("    def call(self, args):\n", _NOTED_WHEN_TIMED, 1)
     return _insert_before_runner(text, _FRAMES + '''import zlib as _zlib
 
 _wt = _sys.modules["tilesmith.gate.worker_tensors"]
@@ -1179,27 +1165,3 @@ def _make():
 
 _note = _make()
 ''' + _COMPUTED)
-
-
-_NOTED_WHEN_TIMED = '''    def call(self, args):
-        if getattr(self, "rtlayout", None) is not None and _in("_timed_window"):
-            size, stride, dtype = self.rtlayout
-            out = torch.empty_strided(size, stride, dtype=dtype)
-            _note(self, out, list(args))
-            args.clear()
-            return (out,)
-        out = self.real_call(args)
-        self.rtlayout = (out[0].size(), out[0].stride(), out[0].dtype)
-        return out
-
-    def real_call(self, args):
-'''
-_COMPUTED = '''
-
-def _computed(noted, outs):
-    for o in (outs or ()):
-        got = noted.get(id(o))
-        if got is not None and got[1] is o:
-            with torch.no_grad():
-                o.copy_(got[0].real_call(list(got[2]))[0])
-'''
