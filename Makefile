@@ -4,14 +4,30 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo gpu-wheels gpu-deps gpu-test gpu-test-groups gpu-test-run bench-gpu lint clean
+.PHONY: install test demo gpu-wheels gpu-deps gpu-smoke gpu-test gpu-test-groups gpu-test-run bench-gpu lint clean
+
+# A python that already has torch (a GPU machine's CUDA build): the venv sees its packages and pip never replaces
+# them. There, with no registry, the wheels carried in .whl/ (`make gpu-wheels` where pip works) are the only source.
+HAS_TORCH := $(shell $(PY) -c "import torch" >/dev/null 2>&1 && echo 1)
+OFFLINE := $(if $(HAS_TORCH),$(wildcard .whl/*.whl))
 
 $(BIN)/tilesmith: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# The outer python's packages stay visible behind the venv's own (a .pth, since that python may itself be a
+	# venv's, whose packages --system-site-packages would not show).
+	$(if $(HAS_TORCH),$(PY) -c "import site; print(chr(10).join(site.getsitepackages()))" > \
+		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_outer_site.pth")
+ifneq ($(OFFLINE),)
+	# Offline: the carried wheels as they are (no resolver, as `make gpu-deps` does), then tilesmith itself.
+	$(BIN)/python -m pip install -q --no-index --no-deps .whl/*.whl
+	$(BIN)/python -m pip install -q --no-index --no-deps --no-build-isolation -e .
+else
 	$(BIN)/python -m pip install -q --upgrade pip
 	# Never replace a torch that is already there; on a machine with none, take the CPU build 2.13.0.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q numpy pytest pytest-xdist -e '.[agent]'
+	# transformers: the gate's honest corpus builds real models from their configurations (tests/corpus.py).
+	$(BIN)/python -m pip install -q numpy pytest pytest-xdist transformers -e '.[agent]'
+endif
 	touch $(BIN)/tilesmith
 
 install: $(BIN)/tilesmith
@@ -34,6 +50,11 @@ gpu-wheels:
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
 		--platform manylinux_2_34_x86_64 -d .whl -r benchmarks/gpu-wheels.txt
+
+# One device call on a fresh GPU machine (carry .whl): install, the README's flow on examples/moe.py in
+# reduce-overhead and default mode, the gate's honest corpus and the GPU red team; a PASS/FAIL line per step.
+gpu-smoke: install
+	OUT=$(OUT) PY=$(BIN)/python bash tests/gpu/smoke.sh
 
 gpu-deps:
 	test -d .whl && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || true

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# `make gpu-smoke`: one device call (about 5 minutes) on a fresh GPU machine, from a clean checkout, after
+# `make install`. Side by side (16 cores, one GPU; the gate's paired, interleaved timing holds under that load):
+#   flow-reduce-overhead, flow-default  the README's flow on examples/moe.py as a user types it (tests/gpu/smoke_flow.py)
+#   corpus                              the gate's honest corpus on CUDA (tests/gpu/test_corpus_gpu.py)
+#   redteam                             the GPU red team (tests/gpu/test_gate_redteam_gpu.py)
+# One PASS/FAIL line per step, then the logs' tails of what failed; exits non-zero unless every step passed.
+# OUT: where logs go (default gpu-out); PY: the interpreter (make passes the venv's); SMOKE_MINUTES: each flow's budget.
+set -u
+OUT=${OUT:-gpu-out}
+PY=${PY:-python3}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+export PYTHONUNBUFFERED=1 TILESMITH_TEST_STREAM_FAILURES=1 TILESMITH_CORPUS_OUT="$OUT/corpus.jsonl"
+rm -f "$TILESMITH_CORPUS_OUT"
+LIMIT=${LIMIT:-420}
+pytest_() {  # name, files...
+    local name=$1; shift
+    timeout "$LIMIT" "$PY" -m pytest -q -m gpu -p no:cacheprovider --basetemp="/tmp/smoke-$name" --durations=10 \
+        --junitxml="$OUT/$name.xml" "$@"
+}
+step() {  # name, command...: runs in the background, leaves its status in $OUT/name.rc
+    local name=$1; shift
+    (SECONDS=0; "$@" > "$OUT/$name.log" 2>&1; echo "$? $SECONDS" > "$OUT/$name.rc") &
+}
+step flow-reduce-overhead timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --mode reduce-overhead --dir /tmp/smoke-ro --minutes "${SMOKE_MINUTES:-1}"
+step flow-default timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --mode default --dir /tmp/smoke-default --minutes "${SMOKE_MINUTES:-1}"
+step corpus pytest_ corpus tests/gpu/test_corpus_gpu.py
+step redteam pytest_ redteam tests/gpu/test_gate_redteam_gpu.py
+wait
+failed=0
+for name in flow-reduce-overhead flow-default corpus redteam; do
+    read -r rc secs < "$OUT/$name.rc" || { rc=1; secs=?; }
+    summary=$(grep -hE "^smoke: |[0-9]+ (passed|failed)" "$OUT/$name.log" | tail -n 1)
+    if [ "$rc" = 0 ]; then echo "PASS $name (${secs} s) $summary"; else echo "FAIL $name (rc $rc, ${secs} s) $summary"; failed=1; fi
+done
+[ -s "$TILESMITH_CORPUS_OUT" ] && "$PY" - "$TILESMITH_CORPUS_OUT" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+bad = [r for r in rows if r["false_rejection"]]
+print(f"corpus: {len(rows)} decisions, {len(bad)} false rejections")
+for r in rows:
+    print(f"  {r['graph']} {r['kind']:<9} {r['compile_mode']:<10} {r['case']:<7} {'accepted' if r['accepted'] else r['stage']:<11} "
+          f"{','.join(r['codes']):<24} {r['speedup'] or 0:.3f}x {r['seconds']:>5} s {r['false_rejection'][:150]}")
+PY
+for name in flow-reduce-overhead flow-default corpus redteam; do
+    read -r rc _ < "$OUT/$name.rc" 2>/dev/null || rc=1
+    [ "$rc" = 0 ] || { echo "----- $name (last lines)"; tail -n 25 "$OUT/$name.log"; }
+done
+[ "$failed" = 0 ] && echo "gpu-smoke: PASS" || echo "gpu-smoke: FAIL"
+exit "$failed"
