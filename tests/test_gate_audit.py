@@ -19,7 +19,6 @@ import gc, json, socket, sys
 from tilesmith.gate import audit
 
 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-audit.install(theirs.fileno())
 
 
 def f():
@@ -34,6 +33,27 @@ def swap():
     f.__code__ = g.__code__
 
 
+def fresh():
+    return 3
+
+
+audit.install(theirs.fileno(), audit.own_functions([sys.modules[__name__]]) - {id(fresh)})
+
+
+def made_later():
+    return 4
+
+
+def library_habits():
+    """What library code does all the time: named tuples (typing sets __new__.__defaults__), defaults of functions
+    that are not the worker's (one made before the hook, one after)."""
+    import collections, typing
+    typing.NamedTuple("Span", [("lo", int), ("hi", int)])
+    collections.namedtuple("Pair", "a b", defaults=(0,))
+    fresh.__defaults__ = (1,)
+    made_later.__code__ = g.__code__
+
+
 tries = {"code": swap, "defaults": lambda: setattr(f, "__defaults__", (1,)),
          "kwdefaults": lambda: setattr(f, "__kwdefaults__", {}), "del defaults": lambda: delattr(f, "__defaults__"),
          "heap": gc.get_objects,
@@ -42,7 +62,7 @@ tries = {"code": swap, "defaults": lambda: setattr(f, "__defaults__", (1,)),
          "hook": lambda: sys.addaudithook(lambda *a: None),
          # what honest code does and stays allowed: frames (logging, namedtuple), reading code, other attributes
          "frame": lambda: sys._getframe().f_back, "read code": lambda: f.__code__,
-         "name": lambda: setattr(f, "__name__", "h"), "gc collect": gc.collect}
+         "name": lambda: setattr(f, "__name__", "h"), "gc collect": gc.collect, "library habits": library_habits}
 out = {}
 for name, fn in tries.items():
     try:
@@ -61,14 +81,15 @@ print(json.dumps({"out": out, "f": f(), "reported": audit.refusals(sent), "marks
 '''
 
 
-def test_the_audit_hook_refuses_code_swaps_heap_walks_hooks_and_tracing_and_reports_each():
+def test_the_audit_hook_refuses_swaps_of_protected_code_heap_walks_hooks_and_tracing_and_reports_each():
     p = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout.strip().splitlines()[-1])
     refused = ["code", "defaults", "kwdefaults", "del defaults", "heap", "referrers", "referents", "profile", "trace"]
     assert r["out"] == {**{k: "refused" for k in refused}, "hook": "allowed",  # refusal suppressed by Python ...
-                        "frame": "allowed", "read code": "allowed", "name": "allowed", "gc collect": "allowed"}
+                        "frame": "allowed", "read code": "allowed", "name": "allowed", "gc collect": "allowed",
+                        "library habits": "allowed"}
     assert r["f"] == 1  # the swap never happened
     assert r["reported"] == ["object.__setattr__ __code__", "object.__setattr__ __defaults__",
                              "object.__setattr__ __kwdefaults__", "object.__delattr__ __defaults__", "gc.get_objects", "gc.get_referrers",

@@ -70,8 +70,9 @@ CHEATS = [
     # reads a clock bound before any candidate call of the request; the fake is never read, and the guard finds it.
     (redteam.restores_its_patch_before_the_check, "process-state", "timing"),
     # The window's start moved in the running frame through ctypes (accepted at 1.44x, low 1.40x, confirmed): no
-    # state the guard records changes; the parent's own measure of each window (the worker's marks) sees it.
-    (redteam.moves_the_clocks_start_in_its_frame, "timing-forged", "timing"),
+    # state the guard records changes. The parent's own clock times each window (the kernel's timestamps of the
+    # worker's marks, gate/windows.py) and never reads the worker's number: the cheat is the original again.
+    (redteam.moves_the_clocks_start_in_its_frame, "not-faster", "timing"),
     # The plain-tensor check reached through a closure cell and blinded (accepted at 41x, low 7.0x): the window's
     # checks now live in the worker frame's locals.
     (redteam.blinds_the_type_check, "output-type", "timing"),
@@ -94,8 +95,9 @@ NEW_CHEATS = [
     (redteam.precomputes_the_sample_in_its_untimed_calls, "not-faster", "timing"),
     # Its answer to that: a profile function set in a warm-up call runs at the worker's decoding of the sample's
     # request and computes the outputs there: its windows timed 16x faster than the original's. The worker refuses
-    # to end a request with a profile or trace function set; before it did, windows.work_before_window rejected it
-    # (its windows opened 1.8-4.5 ms later after their requests than the original's).
+    # to end a request with a profile or trace function set (and its audit hook refuses to set one); before it did,
+    # the span from request to window was compared with the original's (its windows opened 1.8-4.5 ms later), and
+    # now that span beyond the original's is charged to the sample (windows.charged).
     (redteam.precomputes_from_a_profile_hook, "process-state", "timing"),
     # A profile function set in every timed call that computes, after the window, the last call's outputs (and, at
     # the reservoir's snapshot, the kept call's). Session 19: the worker cleared it after each call, so the outputs

@@ -419,10 +419,10 @@ def _png_pixels(data: bytes) -> list[tuple[int, int, int]]:
 
 def test_report_says_how_far_the_accepted_samples_fell_short_of_the_windows_the_gate_saw(copied_run, real_runs):
     """The submit run's accepted verdict was timed by the real gate: each sample's window was marked on the
-    worker's reply pipe and measured by the deciding process (gate.windows.forged_window)."""
+    worker's mark socket and measured by the deciding process (gate/windows.py)."""
     shutil.copytree(real_runs.home / "runs" / real_runs.submit_id, paths.run_dir(real_runs.submit_id))
     graphs = build_report(real_runs.submit_id).graphs
-    notes = [n for g in graphs for n in g.notes if n.startswith("accepted samples checked against the windows their marks span")]
+    notes = [n for g in graphs for n in g.notes if n.startswith("accepted samples timed by the gate's own clock")]
     assert notes, [g.notes for g in graphs]
     vf = next((real_runs.home / "runs" / real_runs.submit_id).glob("*/profiles/verdict_*.json"))
     t = (lambda v: (v.get("confirmation") or v["first"])["timing"])(_jsonfile(vf))

@@ -70,7 +70,7 @@ def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
 
 
 # What the gate worker sends on its mark socket as a timed window opens and as it closes (gate/worker.py op_time): the
-# kernel's timestamps of the two are the parent's own measure of the window (gate.windows.forged_window).
+# kernel's timestamps of the two are the parent's own measure of the window (gate/windows.py: the time the deciding process counts).
 WINDOW_MARK = b"|"
 MAX_GAP_NS = 50_000_000  # the program's host time between calls the gate spends per call, at most 50 ms
 

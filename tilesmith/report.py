@@ -105,11 +105,13 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
         notes.append(f"timed as the program runs it: {gap_us:.1f} us of the program's own host time (measured "
                      "at capture) before each timed call, original and candidate alike")
     marked = [_timing(v) for _, v, _ in verdicts if v.get("accepted") and _timing(v).get("window_short_original_us")]
-    if marked:  # the deciding process's own measure of the accepted samples (gate.windows.forged_window)
+    if marked:  # the deciding process's own clock (gate/windows.py)
         w = max(marked, key=lambda x: _f(x.get("window_short_us")) or 0.0)
-        notes.append(f"accepted samples checked against the windows their marks span (kernel timestamps): the candidate's fell "
-                     f"{_f(w.get('window_short_us')) or 0.0:.0f} us short of them (median), the original's "
-                     f"{_f(w.get('window_short_original_us')) or 0.0:.0f} us")
+        late = (_f(w.get("before_window_us")) or 0.0) - (_f(w.get("before_window_original_us")) or 0.0)
+        notes.append(f"accepted samples timed by the gate's own clock (kernel timestamps of each window's marks): the "
+                     f"candidate worker's own numbers fell {_f(w.get('window_short_us')) or 0.0:.0f} us short of them "
+                     f"(median), the original's {_f(w.get('window_short_original_us')) or 0.0:.0f} us; its windows "
+                     f"opened {late:.0f} us later after their requests than the original's (median), charged to it")
     if mode == rs.CUDAGRAPHS and bmode == "launch":
         notes.append("compiled with CUDA graphs, but no verdict timed Inductor's replay of the original: "
                      "the baseline (and best) here are plain launches")

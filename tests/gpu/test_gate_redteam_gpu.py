@@ -91,13 +91,13 @@ def test_gpu_gate_rejects_work_left_running_between_calls(cuda_graph, tmp_path, 
                                         (redteam.ops_dict_entry, "process-state"),
                                         (redteam.defers_its_work_to_lazy_outputs, "output-type"),
                                         (redteam.restores_its_patch_before_the_check, "process-state"),
-                                        (redteam.moves_the_clocks_start_in_its_frame, "timing-forged"),
+                                        (redteam.moves_the_clocks_start_in_its_frame, "not-faster"),
                                         (redteam.blinds_the_type_check, "output-type")],
                          ids=["json-dumps", "clock-code", "op-table", "lazy-outputs", "self-restoring", "frame-locals",
                               "blinded-check"])
 def test_gpu_gate_rejects_forged_numbers_on_cuda(cuda_graph, tmp_path, monkeypatch, maker, code):
     """The worker guard, the plain-tensor rule and the parent's own measure of each window (gate/worker_guard.py,
-    worker.op_time, windows.forged_window) on a CUDA worker: each cheat is on the original's own code, so any
+    worker.op_time, the parent's own clock in gate/windows.py) on a CUDA worker: each cheat is on the original's own code, so any
     acceptance is a forged speedup."""
     v = _judged_screen_off(cuda_graph, maker, tmp_path, monkeypatch)
     assert not v.accepted and v.codes == [code], v.reasons

@@ -2,8 +2,14 @@
 each worker before any candidate code runs there and never removable, refuses what no honest wrapper does and what
 the red team's cheats were made of:
 
-- a function's code, defaults or keyword defaults replaced in place (`fn.__code__ = ...`): the worker guard
-  compares them after each request, but a swap that puts itself back before the request ends left nothing to find;
+- the code, defaults or keyword defaults of one of the worker's own functions replaced in place (`fn.__code__ = ...`):
+  the worker guard compares them after each request, but a swap that puts itself back before the request ends left
+  nothing to find. Only the functions the worker calls once candidate code has run are protected (`protected`: its
+  own modules' and those the worker guard records, by identity), never every function in the process: library code
+  sets a function's defaults all the time on an honest load and launch path (`typing.NamedTuple` and
+  `collections.namedtuple` set `__new__.__defaults__` on each class they make, and torch 2.11 makes one inside
+  `_is_non_overlapping_and_dense_or_false` at call time; on an H100 every original of the MoE, a Llama-style
+  decoder and GPT-2's training step failed in the gate with the hook refusing them all);
 - the garbage collector's view of the heap (`gc.get_objects`, `get_referrers`, `get_referents`): how cheats found
   the worker's dispatch table, its reply pipe and the original's kernels;
 - a profile or trace function (`sys.setprofile`, `sys.settrace`; `sys.monitoring` callbacks on 3.12): Python run
@@ -14,7 +20,7 @@ Each refusal raises in the code that asked (PermissionError), and is reported on
 datagram the deciding process reads after every reply (`b"!" + event`): swallowing the exception hides nothing.
 What the hook is made of is out of reach: it is not kept anywhere Python can name, the heap walk that could find it
 is refused, and everything it reads is an argument default of immutable values (a replaced code or default is
-refused by the hook itself). Where there is no mark socket (a test calling the ops in-process) it only refuses.
+refused by the hook itself: its own identity is among those it protects). Where there is no mark socket (a test calling the ops in-process) it only refuses.
 
 Not covered, and why: `sys._getframe` and frame attributes (the standard library reads frames for logging,
 namedtuples and warnings: refusing them would reject honest code), ctypes (the static screen's part; the OS sandbox
@@ -43,15 +49,31 @@ class Refused(PermissionError):
     (Python drops the new hook and the exception); it is reported like the others."""
 
 
-def install(mark_fd: int) -> None:
+def own_functions(modules, extra=()) -> frozenset:
+    """The identities of the functions defined in `modules` (at module level and in their classes) and of the
+    functions among `extra`: what the hook protects (`install`). The worker keeps every one of them alive, so no
+    other function can take one's identity while it runs."""
+    fns = [v for v in extra if isinstance(v, types.FunctionType)]
+    for mod in modules:
+        for value in list(vars(mod).values()):
+            if isinstance(value, types.FunctionType):
+                fns.append(value)
+            elif isinstance(value, type) and getattr(value, "__module__", "") == mod.__name__:
+                fns += [v for v in vars(value).values() if isinstance(v, types.FunctionType)]
+    return frozenset(map(id, fns))
+
+
+def install(mark_fd: int, protected: frozenset = frozenset()) -> None:
     """Add the hook to this process for good (there is no way to remove an audit hook). Call it once, after the
-    worker's own setup and before the first candidate code."""
+    worker's own setup and before the first candidate code. `protected`: identities of the functions whose code
+    and defaults may not change from now on (own_functions)."""
 
     def hook(event, args, _refused=REFUSED, _changes=CHANGES, _attrs=FUNCTION_ATTRS, _fn=types.FunctionType, _type=type,
-             _write=os.write, _exit=os._exit, _fd=mark_fd, _mark=REFUSAL, _error=Refused):
+             _id=id, _protected=frozenset(protected), _write=os.write, _exit=os._exit, _fd=mark_fd, _mark=REFUSAL,
+             _error=Refused):
         if event in _refused:
             pass
-        elif event in _changes and _type(args[0]) is _fn and args[1] in _attrs:
+        elif event in _changes and _type(args[0]) is _fn and args[1] in _attrs and _id(args[0]) in _protected:
             event = event + " " + args[1]
         else:
             return
@@ -60,9 +82,14 @@ def install(mark_fd: int) -> None:
                 _write(_fd, _mark + event.encode())
             except OSError:  # the socket filled or made non-blocking by candidate code: the worker ends, unreported
                 _exit(70)     # refusals are not an option (the parent sees it crash)
-        raise _error(f"the gate worker refuses {event}: candidate code may not replace function code, walk the "
-                     "heap, set a profile or trace function, or add an audit hook")
+        raise _error(f"the gate worker refuses {event}: candidate code may not replace the code of the worker's own "
+                     "functions, walk the heap, set a profile or trace function, or add an audit hook")
 
+    # The hook protects itself too: its identity joins the set before it is added (no event is refused before).
+    names = hook.__code__.co_varnames[:hook.__code__.co_argcount]
+    defaults = list(hook.__defaults__)
+    defaults[names.index("_protected") - (len(names) - len(defaults))] = frozenset(protected) | {id(hook)}
+    hook.__defaults__ = tuple(defaults)
     sys.addaudithook(hook)
 
 

@@ -96,45 +96,15 @@ class CheckedSample:
     digest: int | None = None  # the worker's CRC of the sample's kept outputs, sent with the sample
 
 
-def _sample(worker, msg: dict, timeout_s: float, short: list | None = None,
-            pre: list | None = None) -> tuple[int | None, Reason | None, dict]:
-    """One timed sample; its raw total must be a positive int inside the wall time the parent measured, and
-    no shorter than the host time the request asked to be spent before its calls (msg's gap_ns per call).
-    The worker marks its window as it opens and closes (clock.WINDOW_MARK); where it is a gate worker whose
-    marks are timestamped (`marks` not None), both must have come, and `short` gets how much shorter the sample
-    is than the window they span (ns; windows.forged_window compares the candidate's with the original's), `pre`
-    how long after the request was written its window opened (ns; windows.work_before_window compares them)."""
+def _sample(worker, msg: dict, timeout_s: float) -> tuple[windows.Sample | None, Reason | None, dict]:
+    """One timed sample, timed by the parent (windows.measured): the kernel's timestamps of the two marks the worker
+    sends as its window opens and closes, and when the request was written; no shorter than the host time the
+    request asked to be spent before its calls (msg's gap_ns per call)."""
     w0 = time.perf_counter_ns()
     reply = worker.request(msg, timeout_s=timeout_s)
     wall = time.perf_counter_ns() - w0
-    ns = reply.get("ns")
-    bad = check_sample(ns, wall, int(msg.get("gap_ns") or 0) * int(msg.get("reps") or 1))
-    marks = getattr(worker, "marks", None)
-    if not bad and marks is not None:
-        if len(marks) != 2 or min(marks) < 0:
-            bad = Reason("timing-forged", f"the timing worker's sample came with {len(marks)} window marks, not 2 "
-                                          "timestamped ones: the window it reports cannot be checked against the one "
-                                          "it ran")
-        else:
-            if short is not None:
-                short.append(marks[1] - marks[0] - ns)
-            if pre is not None and getattr(worker, "sent_ns", 0):
-                pre.append(marks[0] - worker.sent_ns)
-    return (None, bad, reply) if bad else (ns, None, reply)
-
-
-def check_sample(ns, wall_ns: int, least_ns: int = 0) -> Reason | None:
-    """A worker's raw sample must be a positive int that fits in the wall time the parent itself measured,
-    and last at least `least_ns` (the program's host time it had to spend: gate.timed.program_gap_ns)."""
-    if not isinstance(ns, int) or isinstance(ns, bool) or ns <= 0:
-        return Reason("timing-forged", "the timing worker returned a malformed sample")
-    if ns < least_ns:
-        return Reason("timing-forged", f"a sample of {ns / 1e6:.3f} ms is shorter than the {least_ns / 1e6:.3f} ms of "
-                                       "the program's host time its calls had to spend: the wait was skipped")
-    if ns > wall_ns:
-        return Reason("timing-forged", f"a sample of {ns / 1e6:.1f} ms came back in {wall_ns / 1e6:.1f} ms of wall "
-                                       "time: the clock was tampered with")
-    return None
+    s, bad = windows.measured(worker, reply, wall, int(msg.get("gap_ns") or 0) * int(msg.get("reps") or 1))
+    return s, bad, reply
 
 
 def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_role: str = "baseline",
@@ -172,7 +142,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     kept: list[CheckedSample] = []
     pending: dict = {}  # the check draw of the candidate's last sample, until sent to its worker
     idle = {"cpu": 0, "wall": 0}  # the candidate's worker, while the timer's samples ran (ns)
-    short: dict = {"apart": [], "candidate": [], "beside": []}  # sample shorter than its marked window (ns)
+    short: dict = {"apart": [], "candidate": [], "beside": []}  # worker's number shorter than its marked window (ns)
     pre: dict = {"apart": [], "candidate": [], "beside": []}  # from the request's write to its window's start (ns)
     k = 0
     start = time.monotonic()
@@ -206,7 +176,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     if pre["candidate"] and pre["apart"]:
         t.before_window_us = statistics.median(pre["candidate"]) / 1e3
         t.before_window_original_us = statistics.median(pre["apart"]) / 1e3
-    bad = _busy(idle) or windows.forged_window(short, c_all) or windows.work_before_window(pre, c_all)
+    bad = _busy(idle)
     return t, [bad] if bad else _reasons(policy, state, est, apart, near, b_all), kept
 
 
@@ -250,12 +220,15 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
     its sample is back, and sent with the next warm-up of the candidate's worker (`pending`), which acts on it
     before anything else.
     Around each sample of another worker, adds the CPU time the candidate's worker used to idle["cpu"]
-    and that sample's wall time to idle["wall"]. Appends to the sides' lists; a reason on a forged sample."""
+    and that sample's wall time to idle["wall"]. Appends each side's time as the parent measured and charged it
+    (windows.charged) to the sides' lists, `short` and `pre` what windows.Sample says of it; a reason on a
+    forged sample."""
     fill = [rng.randrange(contents) for _ in range(buffers)]
     perturb = rng.getrandbits(62)
     # Rounds alternate between two mirrored orders, the candidate in the middle (Bx C Bi | Bi C Bx): the
     # apart baseline and the candidate each follow a sample of the other process half the time.
     cand = next(w for w, role, _ in sides if role == "candidate")
+    got = []  # (the list it goes to, side, sample) in this round
     for w, role, into in (sides if len(sides[0][2]) % 2 == 0 else sides[::-1]):
         warm = {"op": "warm", "role": role, "reps": reps, "start": k}
         if w is cand:
@@ -265,20 +238,26 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
         c0, w0 = (cand.cpu_ns(), time.perf_counter_ns()) if watch else (0, 0)
         side = "candidate" if role == "candidate" else "beside" if w is cand else "apart"
         w.request(warm, timeout_s=timeout_s)
-        ns, bad, reply = _sample(w, msg, timeout_s, short[side] if short is not None else None,
-                                 pre[side] if pre is not None else None)
+        s, bad, reply = _sample(w, msg, timeout_s)
         if watch:
             idle["wall"] += time.perf_counter_ns() - w0
             idle["cpu"] += cand.cpu_ns() - c0
         if bad:
             return bad
-        into.append(ns)
+        got.append((into, side, s))
+        if short is not None:
+            short[side].append(s.short_ns)
+        if pre is not None:
+            pre[side].append(s.pre_ns)
         if role == "candidate":
             keep = last or (len(kept) < MAX_CHECKED_SAMPLES and rng.random() < KEEP_PROBABILITY)
             pending["keep"] = keep
             if keep:
                 digest = reply.get("digest") if isinstance(reply, dict) else None
                 kept.append(CheckedSample(k, fill, perturb, digest if isinstance(digest, int) else None))
+    # Each sample's window, and its span before it beyond the original's apart in this round.
+    for (into, _, _), ns in zip(got, windows.charged([(side, s) for _, side, s in got])):
+        into.append(ns)
     return None
 
 
@@ -342,10 +321,10 @@ def solo_ns(worker, role: str, timeout_s: float, samples: int = 7, gap_ns: int =
     ns = []
     for i in range(samples):
         worker.request({"op": "warm", "role": role, "reps": 1, "start": i}, timeout_s=timeout_s)
-        t, bad, _ = _sample(worker, {"op": "time", "role": role, "reps": 1, "start": i, "gap_ns": gap_ns}, timeout_s)
+        s, bad, _ = _sample(worker, {"op": "time", "role": role, "reps": 1, "start": i, "gap_ns": gap_ns}, timeout_s)
         if bad:
             raise RuntimeError(bad.message)
-        ns.append(t)
+        ns.append(s.ns)
     return max(1000.0, float(statistics.median(ns)))
 
 

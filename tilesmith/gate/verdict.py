@@ -109,11 +109,14 @@ class Timing:
     idle_wall_ms: float = 0.0
     buffer_sets: int = 0  # rotating input buffer sets, never fewer than calls_per_sample (timing.sample_size)
     gap_us: float = 0.0  # host time spent before each timed call, both roles: the program's (graph.json program_gap)
-    # How much shorter the reported samples were than the windows their marks span (median, us; the worker marks
-    # each window on a socket the kernel timestamps): the candidate's, and the original's in its own worker.
+    # The samples are the windows the deciding process measured (gate/windows.py): the kernel's timestamps of the
+    # marks the worker sends as each opens and closes. How much shorter the workers' own numbers were (median, us):
+    # the candidate's, and the original's in its own worker.
     window_short_us: float = 0.0
     window_short_original_us: float = 0.0
-    before_window_us: float = 0.0  # from a sample's request to its window's start, median (windows.work_before_window)
+    # From a sample's request to its window's start, median (us): what the candidate's held beyond the original's
+    # in the same round was charged to its samples (windows.charged).
+    before_window_us: float = 0.0
     before_window_original_us: float = 0.0
 
 

@@ -273,7 +273,7 @@ def op_warm(st: State, req: dict) -> dict:
     process: inside one request, these calls read them from the request's frame and computed every timed
     call's outputs off the clock (a red-team cheat, accepted at 25x; tests/redteam.py). What could still run
     candidate code between the sample's request and its window (a profile hook, a finalizer, a mode) leaves
-    the window's start late: the parent compares that span with the original's (windows.work_before_window)."""
+    the window's start late: the parent charges that span beyond the original's to the sample (windows.charged)."""
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     # The parent's word on the last candidate sample comes with the next warm-up of this worker, whatever
     # its role: its kept outputs go to disk or are dropped before anything else runs here (held in memory
@@ -292,7 +292,7 @@ def op_warm(st: State, req: dict) -> dict:
         for i in range(max(1, reps // 2)):
             thunks[(k + i) % n]()
     # Their device work done before the reply: left queued, it ran in the sample's request, before its window, and
-    # the parent's span from that request to the window (windows.work_before_window) then held however much of
+    # the parent's span from that request to the window (windows.charged) then held however much of
     # the warm-up the GPU had not caught up with, which differs between an honest candidate and the original (on
     # the H200 a real win's windows opened 887 us after their requests, rejected as work done off the clock).
     _device_sync()
@@ -510,14 +510,16 @@ def main(fd: int, mark_fd: int = -1) -> None:
     # the audit hook refuses to set one, and none may be left set when a request ends (one set before the hook, or
     # through the C API, is still seen). The cyclic collector is off from each reply until the next
     # request is under way, and for a timed one until its window closed: a finalizer it ran there would be
-    # candidate code (and its pauses would blur the span the parent compares: windows.work_before_window).
+    # candidate code (and its pauses would blur the span the parent charges: windows.charged).
     gettrace, getprofile, gc_off, gc_on = sys.gettrace, sys.getprofile, gc.disable, gc.enable
     readable, stdin_fd, perf = select.select, sys.stdin.fileno(), _perf_ns
     hooks0 = (gettrace(), getprofile())
-    del g
-    # From here on, for good: no code replaced in place, no heap walk, no profile or trace function, no other audit
-    # hook; each refusal also reported to the parent on the mark socket (gate/audit.py).
-    audit.install(_MARK_FD)
+    # From here on, for good: no code of the worker's own functions replaced in place (its modules', and every
+    # function the guard records), no heap walk, no profile or trace function, no other audit hook; each refusal
+    # also reported to the parent on the mark socket (gate/audit.py).
+    own = [m for n, m in list(sys.modules.items()) if n == "__main__" or n.startswith("tilesmith.")]
+    audit.install(_MARK_FD, audit.own_functions(own, vals + dvals))
+    del g, own
     for line in sys.stdin:
         req = decode(line)
         if req.get("op") == "exit":
