@@ -42,7 +42,7 @@ def test_corpus_originals_of_real_models_are_judged_not_faster_than_themselves(g
 @pytest.mark.parametrize("name", ["gpt2", "llama", "gpt2-train"])
 def test_corpus_original_of_a_real_model_against_a_slowed_copy_is_accepted(graphs, name, tmp_path):
     g = graphs[name][0]
-    slow = corpus.slowed_copy(g, tmp_path / "slow", reps=300)
+    slow = corpus.slowed_copy(g, tmp_path / "slow")
     v, problem = corpus.judged(slow, (g / "wrapper.py").read_text(), tmp_path / "cand", "win")
     assert not problem, problem
     assert v.first.timing.speedup_low > 1.02
@@ -52,6 +52,6 @@ def test_corpus_original_of_a_real_model_against_a_slowed_copy_is_accepted(graph
                          ids=["namedtuple", "lazy-import"])
 def test_corpus_library_habits_at_a_first_call_are_not_rejected(inference_graph, maker, tmp_path):
     g = inference_graph
-    slow = corpus.slowed_copy(g, tmp_path / "slow", reps=300)
+    slow = corpus.slowed_copy(g, tmp_path / "slow", times=3)
     v, problem = corpus.judged(slow, maker((g / "wrapper.py").read_text()), tmp_path / "cand", "win")
     assert not problem, problem

@@ -382,7 +382,7 @@ def test_work_before_a_window_beyond_the_originals_in_the_same_round_is_charged_
     done there after the sample's values were known is never off the clock, and noise there is never a rejection."""
     S = windows.Sample
     got = [("candidate", S(500_000, 1_400_000)), ("apart", S(1_000_000, 900_000)), ("beside", S(1_000_000, 850_000))]
-    assert windows.charged(got) == [1_000_000, 1_000_000, 950_000]
+    assert windows.charged(got) == [1_000_000, 1_000_000, 1_000_000]  # a shorter span than the original's: no credit
     assert windows.charged([("candidate", S(500_000, 1_400_000))]) == [500_000]  # no original apart this round
 
 

@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 TILESMITH_TEST_STREAM_FAILURES=1 TILESMITH_CORPUS_OUT="$OUT/corpus.jsonl"
 rm -f "$TILESMITH_CORPUS_OUT"
-LIMIT=${LIMIT:-420}
+LIMIT=${LIMIT:-330}
 pytest_() {  # name, files...
     local name=$1; shift
     timeout "$LIMIT" "$PY" -m pytest -q -m gpu -p no:cacheprovider --basetemp="/tmp/smoke-$name" --durations=10 \
@@ -25,8 +25,8 @@ step() {  # name, command...: runs in the background, leaves its status in $OUT/
 }
 step flow-reduce-overhead timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --mode reduce-overhead --dir /tmp/smoke-ro --minutes "${SMOKE_MINUTES:-1}"
 step flow-default timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --mode default --dir /tmp/smoke-default --minutes "${SMOKE_MINUTES:-1}"
-step corpus pytest_ corpus tests/gpu/test_corpus_gpu.py
-step redteam pytest_ redteam tests/gpu/test_gate_redteam_gpu.py
+step corpus pytest_ corpus -n 4 tests/gpu/test_corpus_gpu.py
+step redteam pytest_ redteam -n 3 tests/gpu/test_gate_redteam_gpu.py
 wait
 failed=0
 for name in flow-reduce-overhead flow-default corpus redteam; do

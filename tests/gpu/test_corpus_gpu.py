@@ -4,12 +4,12 @@ mode, GPT-2's training forward and backward), each original judged against itsel
 each default-mode graph's whole-call replay (the tuner's first move) and the original against a slowed copy
 (genuine wins, accepted). Every model is captured at once, side by side, when the first test asks for one.
 
-TILESMITH_CORPUS_KEEP=DIR keeps the captured workspaces there (tests/gpu/audit_probe.py reads them)."""
+TILESMITH_CORPUS_KEEP=DIR captures into DIR/corpus and keeps the workspaces (tests/gpu/audit_probe.py reads them).
+Runs under pytest-xdist (`-n 4`): the captures are shared, the decisions spread over the processes."""
 
 from __future__ import annotations
 
 import os
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,29 +26,35 @@ ENTRIES = [corpus.entry("moe", "cuda", "reduce-overhead"), corpus.entry("moe", "
            corpus.entry("gpt2-train", "cuda")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def captured(tmp_path_factory, inductor_cache):
-    """Every entry captured side by side: entry name -> its eligible graphs, or the capture's failure."""
-    root = tmp_path_factory.mktemp("corpus")
+    """Every entry captured side by side, once for all test processes (pytest-xdist's share one folder: the first to
+    take the lock captures, the others wait for it): entry name -> its eligible graphs, or the capture's failure."""
+    import fcntl
+    import pickle
 
-    def one(e):
-        try:
-            return corpus.capture(e, root / e.name.replace("@", "-") / "ws")
-        except AssertionError as err:
-            return err
+    base = tmp_path_factory.getbasetemp()
+    root = Path(os.environ.get("TILESMITH_CORPUS_KEEP") or (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base)) / "corpus"
+    root.mkdir(parents=True, exist_ok=True)
+    done = root / "captured.pkl"
+    with open(root / "capture.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            def one(e):
+                try:
+                    return corpus.capture(e, root / e.name.replace("@", "-") / "ws")
+                except AssertionError as err:
+                    return str(err)
 
-    with ThreadPoolExecutor(len(ENTRIES)) as pool:
-        out = dict(zip((e.name for e in ENTRIES), pool.map(one, ENTRIES)))
-    keep = os.environ.get("TILESMITH_CORPUS_KEEP")
-    if keep:
-        shutil.copytree(root, keep, dirs_exist_ok=True)
-    return out
+            with ThreadPoolExecutor(len(ENTRIES)) as pool:
+                done.write_bytes(pickle.dumps(dict(zip((e.name for e in ENTRIES), pool.map(one, ENTRIES)))))
+    return pickle.loads(done.read_bytes())
 
 
 def _graphs(captured, name):
     got = captured[name]
-    if isinstance(got, AssertionError):
-        raise got
+    if isinstance(got, str):  # the capture failed: its message
+        pytest.fail(got)
     return got
 
 
@@ -78,7 +84,7 @@ def test_gpu_corpus_whole_call_replay_of_a_default_mode_graph_is_accepted(captur
 def test_gpu_corpus_original_against_a_slowed_copy_is_accepted(captured, name, tmp_path):
     problems = []
     for g in _graphs(captured, name):
-        slow = corpus.slowed_copy(g, tmp_path / "slow" / g.name[:12], reps=60)
+        slow = corpus.slowed_copy(g, tmp_path / "slow" / g.name[:12])
         v, problem = corpus.judged(slow, (g / "wrapper.py").read_text(), tmp_path / g.name[:12], "win")
         if problem:
             problems.append(f"{g.name[:12]}: {problem}")
@@ -89,6 +95,6 @@ def test_gpu_corpus_original_against_a_slowed_copy_is_accepted(captured, name, t
                          ids=["namedtuple", "lazy-import"])
 def test_gpu_corpus_library_habits_at_first_call_are_not_rejected(captured, maker, tmp_path):
     g = _graphs(captured, "moe")[0]
-    slow = corpus.slowed_copy(g, tmp_path / "slow", reps=60)
+    slow = corpus.slowed_copy(g, tmp_path / "slow", times=3)
     v, problem = corpus.judged(slow, maker((g / "wrapper.py").read_text()), tmp_path / "cand", "win")
     assert not problem, problem

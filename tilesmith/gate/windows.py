@@ -3,12 +3,13 @@ move: the time the parent wrote each sample's request, and the kernel's timestam
 the sample's window opens and closes (proc._mark_socket). The number the worker reports is never used to decide.
 
 A sample's time is its marked window, plus how much longer than the original's in its own worker (same round) the
-span from its request to that window was. That span holds the same work for every role (reading the request,
+span from its request to that window was, where it was longer. That span holds the same work for every role (reading the request,
 refilling the same buffers with the same values, synchronising the device), and candidate code runs in none of it
 unless it found a way in that the worker does not close: whatever runs there after the sample's input values are
 known is charged to the sample, never left off the clock, and honest noise there (a loaded CPU or a GPU shared with
 other processes: on an H100 with four gate jobs beside, an A/A candidate's spans came 278 us later than the
-original's at the median) is noise in both directions, not a rejection.
+original's at the median) costs an honest candidate little (in the median of its rounds, none where its span is
+no longer than the original's half the time), and is never a rejection of its own.
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def measured(worker, reply: dict, wall_ns: int, least_ns: int) -> tuple[Sample |
 
 def charged(samples: list) -> list[int]:
     """The time each (side, Sample) of one round counts for: its window, plus (for every side but the original
-    apart) how much longer its span before the window was than the original's apart in this round."""
+    apart) how much longer its span before the window was than the original's apart in this round, where it was
+    longer. Never less: a span shorter than the original's is noise (the refill is the worker's, the same for every
+    role), and crediting it made a 100x candidate's few-microsecond windows swing with it (183x, then 37x)."""
     apart = next((s for side, s in samples if side == "apart"), None)
-    return [max(1, s.ns + (s.pre_ns - apart.pre_ns if apart is not None and side != "apart" else 0))
+    return [s.ns + (max(0, s.pre_ns - apart.pre_ns) if apart is not None and side != "apart" else 0)
             for side, s in samples]
