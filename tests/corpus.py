@@ -100,7 +100,7 @@ def judged(graph: Path, text: str, tmp: Path, case: str, **policy):
 
 def slowed_copy(graph: Path, dest: Path, times: int = 2) -> Path:
     """A graph folder like `graph` whose wrapper runs the whole original call `times` times (all but the last on
-    copies of the inputs, which a backward's wrapper may reuse as scratch): its original is a genuine win there,
+    copies of the inputs, which a backward's wrapper may reuse as scratch, and with the random generators put back): its original is a genuine win there,
     whatever the graph's size (redundant kernels of a fixed size made a tiny graph's win 27x in one pass and 119x in
     the other, which the gate rightly calls irreproducible)."""
     out = dest / graph.name
@@ -108,8 +108,18 @@ def slowed_copy(graph: Path, dest: Path, times: int = 2) -> Path:
     for f in graph.iterdir():
         if f.is_file() and f.name != "wrapper.py":
             shutil.copy(f, out / f.name)
-    again = (f"\n\n_call_once = call\n\n\ndef call(args):\n    for _ in range({times - 1}):\n"
+    # The extra calls leave the random generators as they found them: a training forward's dropout draws its masks
+    # from them, and the last call must draw what the original's one call does (not inside a CUDA graph's capture,
+    # where the generator's state is the graph's own).
+    again = (f"\n\n_call_once = call\n\n\ndef call(args):\n"
+             "    _rng = [torch.get_rng_state()]\n"
+             "    if torch.cuda.is_available() and not torch.cuda.is_current_stream_capturing():\n"
+             "        _rng.append(torch.cuda.get_rng_state())\n"
+             f"    for _ in range({times - 1}):\n"
              "        _call_once([a.clone() if isinstance(a, torch.Tensor) else a for a in args])\n"
+             "    torch.set_rng_state(_rng[0])\n"
+             "    if len(_rng) > 1:\n"
+             "        torch.cuda.set_rng_state(_rng[1])\n"
              "    return _call_once(args)\n")
     (out / "wrapper.py").write_text((graph / "wrapper.py").read_text().rstrip("\n") + again)
     return out

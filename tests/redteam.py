@@ -1165,3 +1165,48 @@ def _make():
 
 _note = _make()
 ''' + _COMPUTED)
+
+
+# -- issue 35's classes that the worker's own checks could not see: signal handlers, armed in a call ---------------
+
+def fills_its_outputs_from_a_signal_handler(text: str) -> str:
+    """The timed instance's calls inside the window return uncomputed plain tensors of the right layout (noting which
+    inputs each was for); the first of them installs a SIGALRM handler (signal reached through a torch module's `sys`)
+    and arms a 100-us interval timer. The handler is handed the running frame: once the window has closed (op_time's
+    `last` is set) it computes the reservoir's kept call and the last call into the tensors it handed out, disarms the
+    timer and puts the default handler back, all before the request ends: the worker's checks after it find nothing
+    left (issue 35: accepted 4 of 4, 20-55x). Once the candidate has loaded, the kernel refuses the handler
+    (gate/seccomp.py): the call that asks raises."""
+    text = text.replace("    def call(self, args):\n", _NOTED_WHEN_TIMED, 1)
+    return _insert_before_runner(text, _FRAMES + '''def _make():
+    noted = {}  # id of an uncomputed output -> (runner, output, its inputs)
+    sig = _ag("modules")(_sys)["signal"]
+    armed = []
+
+    def handler(signum, frame):
+        f = frame
+        while f is not None and f.f_code.co_name != "op_time":
+            f = _ag("f_back")(f)
+        if f is None:
+            return
+        loc = _ag("f_locals")(f)
+        if loc.get("last") is None:
+            return  # still inside the window
+        _ag("setitimer")(sig)(sig.ITIMER_REAL, 0)
+        _ag("signal")(sig)(sig.SIGALRM, sig.SIG_DFL)
+        armed.clear()
+        _computed(noted, loc.get("kept"))
+        _computed(noted, loc.get("last"))
+        noted.clear()
+
+    def note(runner, out, inputs):
+        if not armed:
+            _ag("signal")(sig)(sig.SIGALRM, handler)
+            _ag("setitimer")(sig)(sig.ITIMER_REAL, 0.0001, 0.0001)
+            armed.append(1)
+        noted[id(out)] = (runner, out, inputs)
+    return note
+
+
+_note = _make()
+''' + _COMPUTED)

@@ -377,3 +377,18 @@ def test_kernel_controls_are_read_only_and_block_devices_absent_even_for_the_rea
     assert all(v in refused for v in got.values()), got
     if os.geteuid() == 0:  # where file permissions would have allowed it, the read-only mount refuses
         assert set(got.values()) <= {"EROFS", "ENOENT"} and "EROFS" in got.values(), got
+
+
+@pytest.mark.skipif(not NAMESPACES, reason="needs user namespaces")
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "new-interpreter"])
+def test_a_shared_memory_segment_made_in_the_sandbox_does_not_outlive_it_and_the_host_name_stays(tmp_path, fork):
+    """The sandbox has IPC and UTS namespaces of its own: a candidate's System V segment (made at import, to outlive
+    the gate) is freed with the namespace, and the machine's host name is out of its reach."""
+    key = 0x7153_0000 + os.getpid() % 0xFFFF
+    p, scratch, _ = _start(tmp_path, "ipc", str(key), fork=fork, devices="basic")
+    got = _report(p, scratch)
+    assert got["shmid"] >= 0  # made, inside
+    assert got["hostname"] == ("candidate" if got["renamed"] else os.uname().nodename)  # refused where the sandbox nests
+    keys = {int(line.split()[0]) for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]}
+    assert key not in keys  # gone with its namespace
+    assert os.uname().nodename != "candidate"

@@ -97,7 +97,7 @@ NEW_CHEATS = [
     # request and computes the outputs there: its windows timed 16x faster than the original's. The worker refuses
     # to end a request with a profile or trace function set (and its audit hook refuses to set one); before it did,
     # the span from request to window was compared with the original's (its windows opened 1.8-4.5 ms later), and
-    # now that span beyond the original's is charged to the sample (windows.charged).
+    # the parent no longer compares that span (gate/windows.py says what keeps candidate code out of it).
     (redteam.precomputes_from_a_profile_hook, "process-state", "timing"),
     # A profile function set in every timed call that computes, after the window, the last call's outputs (and, at
     # the reservoir's snapshot, the kept call's). Session 19: the worker cleared it after each call, so the outputs
@@ -128,6 +128,14 @@ AUDIT_CHEATS = [
     (redteam.fills_its_outputs_from_the_states_setattr, "protocol", "timing"),  # filled after the digest
 ]
 
+# Issue 35: what only the kernel can refuse once the candidate has loaded (gate/seccomp.py).
+KERNEL_CHEATS = [
+    # A SIGALRM handler installed and armed in the first timed call fills the kept and last outputs after the window
+    # and removes itself before the request ends (accepted 4 of 4 at 20-55x before the filter): the call that asks
+    # for the handler raises now.
+    (redteam.fills_its_outputs_from_a_signal_handler, "raised", "timing"),
+]
+
 
 def _maker(case):
     return (case.values if hasattr(case, "values") else case)[0]  # a pytest.param or a plain tuple
@@ -151,8 +159,8 @@ def test_gate_rejects_a_cheat_the_screen_missed_for_the_right_reason(inf_graph, 
     assert v.codes == [code] and v.stage in ((stage,) if isinstance(stage, str) else stage), v.reasons
 
 
-@pytest.mark.parametrize("maker,code,stage", NEW_CHEATS + AUDIT_CHEATS,
-                         ids=[_maker(c).__name__ for c in NEW_CHEATS + AUDIT_CHEATS])
+@pytest.mark.parametrize("maker,code,stage", NEW_CHEATS + AUDIT_CHEATS + KERNEL_CHEATS,
+                         ids=[_maker(c).__name__ for c in NEW_CHEATS + AUDIT_CHEATS + KERNEL_CHEATS])
 def test_gate_rejects_a_new_cheat_the_screen_missed(inf_graph, tmp_path, screen_off, monkeypatch, maker, code, stage):
     """The later red teams' cheats, each judged as the ones above (the screen has nothing to flag: asserted first)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "2")

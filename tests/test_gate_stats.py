@@ -376,16 +376,6 @@ def test_the_kept_outputs_digest_sees_every_value_and_is_the_same_for_a_copy():
     assert outputs_digest([[base.float(), *cases[0][1:]]]) != d
 
 
-def test_work_before_a_window_beyond_the_originals_in_the_same_round_is_charged_to_the_sample():
-    """Between a sample's request and its window the worker only refills the inputs, the same work for every role:
-    what a candidate's span there holds beyond the original's apart in the same round counts in its time, so work
-    done there after the sample's values were known is never off the clock, and noise there is never a rejection."""
-    S = windows.Sample
-    got = [("candidate", S(500_000, 1_400_000)), ("apart", S(1_000_000, 900_000)), ("beside", S(1_000_000, 850_000))]
-    assert windows.charged(got) == [1_000_000, 1_000_000, 1_000_000]  # a shorter span than the original's: no credit
-    assert windows.charged([("candidate", S(500_000, 1_400_000))]) == [500_000]  # no original apart this round
-
-
 def test_a_gate_worker_sample_needs_both_window_marks_and_reports_its_spans():
     class Worker:  # a gate worker answers a time request after marking its window twice
         def __init__(self, marks):

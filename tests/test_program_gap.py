@@ -184,7 +184,7 @@ def test_the_worker_spends_the_gap_its_request_names_before_every_timed_call_of_
 
 def test_the_warm_up_request_finishes_its_device_work_before_it_replies(tmp_path, monkeypatch):
     """Left queued, the warm-up's device work ran in the sample's request before its window, and the parent's span
-    from the request to the window (charged to the sample: windows.charged) held it: on the H200 a real win was
+    from the request to the window (gate/windows.py) held it: on the H200 a real win was
     rejected as work done off the clock (its windows opened 887 us after their requests)."""
     from tilesmith.gate import worker
 

@@ -2,14 +2,17 @@
 tuner's screening worker, the profile worker, replay, the agent's shell): a scrubbed environment and,
 on Linux, an OS sandbox; plus the redaction of known secret values from anything sent or written.
 
-The sandbox is the `unshare` tool (new user, PID, mount and network namespaces) followed by this module
+The sandbox is the `unshare` tool (new user, PID, mount, network, IPC and UTS namespaces) followed by this module
 run as a stage (`python -m tilesmith.sandbox SPEC -- ARGV`) that, inside the new namespaces, forks the
 command as the PID namespace's first process, mounts a private /proc (only the sandbox's processes),
 hides the user's home, TILESMITH_HOME, the system temp folder and any other hidden folders behind empty
 private file systems, binds back what the command must read (the interpreter, its packages, the graph
 folder) read-only and its scratch folder read-write, gives the compile caches a private writable layer
 (overlay: reads hit the shared cache, writes stay in scratch), and makes every other mount read-only.
-No network: the new network namespace has only a loopback device that is down.
+No network: the new network namespace has only a loopback device that is down. Its own System V IPC (shared
+memory, semaphores, message queues) and POSIX message queues, freed with the namespace when its last process ends:
+a segment made there never outlives the command (issue: a candidate's shared-memory segment outlived the gate); its
+own host name, which it may change without changing the machine's.
 
 TILESMITH_SANDBOX=auto (default) uses namespaces where they work and otherwise the scrubbed environment
 alone with one warning; `require` refuses to run without them; `off` forces the environment-only level.
@@ -200,7 +203,7 @@ def wrap(argv: list[str], spec: Spec, force: bool = False) -> list[str]:
     if not force and level() != "namespaces":
         return list(argv)
     full = _full_spec(spec)
-    return ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--propagation", "private", "--",
+    return ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts", "--propagation", "private", "--",
             sys.executable, "-S", "-I", str(Path(__file__).with_name("sandbox_stage.py")), json.dumps(full.__dict__),
             "--", *argv]
 

@@ -19,6 +19,7 @@ MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 
 _OPT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
               "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+CLONE_NEWIPC, CLONE_NEWUTS = 0x08000000, 0x04000000
 _SKIP = ("/proc", "/sys", "/dev")  # kernel file systems: /dev keeps the GPU's device nodes usable
 _libc = ctypes.CDLL(None, use_errno=True)
 

@@ -93,10 +93,10 @@ def cuda_driver_state() -> str:
 
 
 def _enter_namespaces() -> None:
-    """What `unshare --user --map-root-user --mount --pid --net` does to its own process."""
+    """What `unshare --user --map-root-user --mount --pid --net --ipc --uts` does to its own process."""
     from tilesmith import sandbox_stage as st
 
-    st.enter_user_namespace(st.CLONE_NEWNS | st.CLONE_NEWNET | st.CLONE_NEWPID)
+    st.enter_user_namespace(st.CLONE_NEWNS | st.CLONE_NEWNET | st.CLONE_NEWPID | st.CLONE_NEWIPC | st.CLONE_NEWUTS)
 
 
 def _place_fds(fds: list[int], targets: list[int]) -> None:

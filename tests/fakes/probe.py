@@ -87,6 +87,14 @@ def main(argv):
             out["urandom"] = len(f.read(16))
         print(json.dumps(out), flush=True)
         return
+    if action == "ipc":  # ipc KEY: a System V shared-memory segment made and left behind, and the host name changed
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        shmid = libc.shmget(int(argv[1]), 4096, 0o1000 | 0o600)  # IPC_CREAT
+        renamed = libc.sethostname(b"candidate", 9) == 0
+        print(json.dumps({"shmid": shmid, "renamed": renamed, "hostname": os.uname().nodename}), flush=True)
+        return
     if action == "sleep":
         print(json.dumps({"pid": os.getpid()}), flush=True)
         time.sleep(600)

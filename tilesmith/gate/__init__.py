@@ -251,8 +251,11 @@ def _load(ctx: dict, prep: _Prepared, key: str):
         best.write_bytes(ctx["timing_base"].read_bytes())
         base = {"baseline_file": str(best)}
     with clock(f"{key}.load"):
-        w.request({"op": "load", "graph_dir": str(ctx["gdir"]), "candidate": str(cand), "device": ctx["device"], **base},
-                  ctx["policy"].load_timeout_s)
+        rep = w.request({"op": "load", "graph_dir": str(ctx["gdir"]), "candidate": str(cand), "device": ctx["device"],
+                         **base}, ctx["policy"].load_timeout_s)
+    why = rep.get("seccomp") if isinstance(rep, dict) else None
+    if why and not any(x.code == "seccomp" for x in ctx["warnings"]):  # the other lines still hold (gate/seccomp.py)
+        ctx["warnings"].append(Reason("seccomp", f"the candidate's worker runs without its seccomp filter: {why}"[:300]))
     return w
 
 

@@ -220,15 +220,13 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
     its sample is back, and sent with the next warm-up of the candidate's worker (`pending`), which acts on it
     before anything else.
     Around each sample of another worker, adds the CPU time the candidate's worker used to idle["cpu"]
-    and that sample's wall time to idle["wall"]. Appends each side's time as the parent measured and charged it
-    (windows.charged) to the sides' lists, `short` and `pre` what windows.Sample says of it; a reason on a
-    forged sample."""
+    and that sample's wall time to idle["wall"]. Appends each side's window as the parent measured it to the sides'
+    lists, and to `short` and `pre` what windows.Sample says of it; a reason on a forged sample."""
     fill = [rng.randrange(contents) for _ in range(buffers)]
     perturb = rng.getrandbits(62)
     # Rounds alternate between two mirrored orders, the candidate in the middle (Bx C Bi | Bi C Bx): the
     # apart baseline and the candidate each follow a sample of the other process half the time.
     cand = next(w for w, role, _ in sides if role == "candidate")
-    got = []  # (the list it goes to, side, sample) in this round
     for w, role, into in (sides if len(sides[0][2]) % 2 == 0 else sides[::-1]):
         warm = {"op": "warm", "role": role, "reps": reps, "start": k}
         if w is cand:
@@ -244,7 +242,7 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
             idle["cpu"] += cand.cpu_ns() - c0
         if bad:
             return bad
-        got.append((into, side, s))
+        into.append(s.ns)
         if short is not None:
             short[side].append(s.short_ns)
         if pre is not None:
@@ -255,9 +253,6 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
             if keep:
                 digest = reply.get("digest") if isinstance(reply, dict) else None
                 kept.append(CheckedSample(k, fill, perturb, digest if isinstance(digest, int) else None))
-    # Each sample's window, and its span before it beyond the original's apart in this round.
-    for (into, _, _), ns in zip(got, windows.charged([(side, s) for _, side, s in got])):
-        into.append(ns)
     return None
 
 

@@ -114,8 +114,8 @@ class Timing:
     # the candidate's, and the original's in its own worker.
     window_short_us: float = 0.0
     window_short_original_us: float = 0.0
-    # From a sample's request to its window's start, median (us): what the candidate's held beyond the original's
-    # in the same round was charged to its samples (windows.charged).
+    # From a sample's request to its window's start, median (us): the candidate's, and the original's in its own
+    # worker (reported; gate/windows.py says why it is not compared).
     before_window_us: float = 0.0
     before_window_original_us: float = 0.0
 

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from tilesmith.capture.tensors import span_numel  # noqa: E402
 from tilesmith import clock  # noqa: E402
-from tilesmith.gate import audit, patches, worker_guard  # noqa: E402
+from tilesmith.gate import audit, patches, seccomp, worker_guard  # noqa: E402
 from tilesmith.gate.fingerprint import _state_change, process_state  # noqa: E402
 from tilesmith.gate.inputs import parameter_indices, trees_static  # noqa: E402
 from tilesmith.gate.worker_outputs import _call, op_outputs, op_ref64  # noqa: E402
@@ -42,6 +42,11 @@ _TENSOR = torch.Tensor
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
 _grad_enabled, _set_grad = torch._C.is_grad_enabled, torch._C._set_grad_enabled
 _DISPATCH = None  # worker_guard.dispatch_state(): main sets it before the worker guard records this module
+_fn_depth, _dispatch_depth = torch._C._len_torch_function_stack, torch._C._len_torch_dispatch_stack
+
+
+def _mode_depths() -> tuple:
+    return _fn_depth(), _dispatch_depth()
 WARM_WAIT_NS = 50_000_000  # after a warm-up, how long the worker waits for the sample's request awake (spinning)
 
 
@@ -67,6 +72,7 @@ class State:
         self.trees_fallback = {}  # role -> why it was asked for trees mode and timed in graph mode instead
         self.trees_roles = set()  # roles whose thunks run through the cudagraph trees set up in this process
         self.trees_live = False  # whether the trees' manager may hold functions set up since its last reset
+        self.seccomp = None  # "" once the seccomp filter is in place (after the candidate's load), else why not
 
 
 def op_load(st: State, req: dict) -> dict:
@@ -96,6 +102,11 @@ def op_load(st: State, req: dict) -> dict:
         # A thunk loading the module again: the timed calls run on a fresh instance (op_time_setup).
         st.loaders["candidate"] = lambda: loading.load_module(text, consts()).call
         st.fns["candidate"] = st.loaders["candidate"]()
+        # From here on no signal handler can be installed, nor a timer armed, by anything in this process: the
+        # kernel refuses (gate/seccomp.py). One the load itself left behind, the checks after this request find.
+        if st.seccomp is None:
+            st.seccomp = seccomp.install()
+        return {"load_ns": _perf_ns() - t0, "seccomp": st.seccomp}
     return {"load_ns": _perf_ns() - t0}
 
 
@@ -273,7 +284,8 @@ def op_warm(st: State, req: dict) -> dict:
     process: inside one request, these calls read them from the request's frame and computed every timed
     call's outputs off the clock (a red-team cheat, accepted at 25x; tests/redteam.py). What could still run
     candidate code between the sample's request and its window (a profile hook, a finalizer, a mode) leaves
-    the window's start late: the parent charges that span beyond the original's to the sample (windows.charged)."""
+    the window's start late: the checks before its refill, the audit hook, the collector off and the seccomp filter keep
+    it out of that span (gate/windows.py)."""
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     # The parent's word on the last candidate sample comes with the next warm-up of this worker, whatever
     # its role: its kept outputs go to disk or are dropped before anything else runs here (held in memory
@@ -292,7 +304,7 @@ def op_warm(st: State, req: dict) -> dict:
         for i in range(max(1, reps // 2)):
             thunks[(k + i) % n]()
     # Their device work done before the reply: left queued, it ran in the sample's request, before its window, and
-    # the parent's span from that request to the window (windows.charged) then held however much of
+    # the parent's span from that request to the window (gate/windows.py) then held however much of
     # the warm-up the GPU had not caught up with, which differs between an honest candidate and the original (on
     # the H200 a real win's windows opened 887 us after their requests, rejected as work done off the clock).
     _device_sync()
@@ -334,6 +346,12 @@ def op_time(st: State, req: dict) -> dict:
     # code after this request's values arrived (a sample asked for without its warm-up replaces them after the window).
     thunks = st.timed[role]
     n, graph = len(thunks), bool(st.keep.get(role))
+    # A torch function or dispatch mode left entered by the warm-up would see every op of the refill below, after this
+    # sample's values arrived, and could leave before the window: the parent no longer compares that span, so none may
+    # be there (C queries bound at import; honest wrappers leave none).
+    if _mode_depths() != (0, 0):
+        raise TilesmithError("the candidate changes process state: a torch function or dispatch mode was left entered "
+                             "between its warm-up and its timed sample", code="process-state")
     # The refill runs with the process's thread count: changing it here would make the first timed call
     # start a new thread team.
     for b, c in enumerate(req.get("fill") or []):
@@ -510,7 +528,7 @@ def main(fd: int, mark_fd: int = -1) -> None:
     # the audit hook refuses to set one, and none may be left set when a request ends (one set before the hook, or
     # through the C API, is still seen). The cyclic collector is off from each reply until the next
     # request is under way, and for a timed one until its window closed: a finalizer it ran there would be
-    # candidate code (and its pauses would blur the span the parent charges: windows.charged).
+    # candidate code (and its pauses would blur the span before the window: gate/windows.py).
     gettrace, getprofile, gc_off, gc_on = sys.gettrace, sys.getprofile, gc.disable, gc.enable
     readable, stdin_fd, perf = select.select, sys.stdin.fileno(), _perf_ns
     hooks0 = (gettrace(), getprofile())
