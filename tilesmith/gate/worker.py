@@ -283,9 +283,9 @@ def op_warm(st: State, req: dict) -> dict:
     `start`. Candidate code runs here, before the sample's input values (`fill`, `perturb`) reach this
     process: inside one request, these calls read them from the request's frame and computed every timed
     call's outputs off the clock (a red-team cheat, accepted at 25x; tests/redteam.py). What could still run
-    candidate code between the sample's request and its window (a profile hook, a finalizer, a mode) leaves
-    the window's start late: the checks before its refill, the audit hook, the collector off and the seccomp filter keep
-    it out of that span (gate/windows.py)."""
+    candidate code between the sample's request and its window (a profile hook, a finalizer, a mode, a signal
+    handler) is kept out of that span: the audit hook, the collector off, the check before the refill and the
+    seccomp filter (gate/windows.py)."""
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     # The parent's word on the last candidate sample comes with the next warm-up of this worker, whatever
     # its role: its kept outputs go to disk or are dropped before anything else runs here (held in memory
