@@ -27,3 +27,19 @@ def test_every_command_the_readme_shows_exists_and_has_help():
 def test_an_unknown_option_is_a_usage_error_with_exit_2():
     r = runner.invoke(app, ["optimize", "--no-such-option"])
     assert r.exit_code == 2
+
+
+def test_version_prints_the_installed_version_and_exits_0():
+    from importlib import metadata
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout == f"tilesmith {metadata.version('tilesmith')}\n" and r.stderr == ""
+
+
+def test_version_falls_back_to_pyproject_where_tilesmith_was_never_installed():
+    import tomllib
+
+    from tilesmith_cli.version import PYPROJECT, version
+
+    want = tomllib.loads(PYPROJECT.read_text())["project"]["version"]
+    assert version("tilesmith-never-installed") == want and version() == want  # the checkout is what is installed

@@ -339,7 +339,7 @@ def test_jobs_runs_graphs_concurrently_and_every_track_ends(training_ws):
 
 def test_a_failed_baseline_profile_and_failed_screens_are_named_in_the_track(oversub_ws, monkeypatch):
     """A track whose profile and every screen failed used to end as 'exhausted: nothing more to try' with
-    no baseline and no word why (the H200's forked CUDA workers, session 11): the reasons are kept."""
+    no baseline and no word why (the H200's forked CUDA workers): it fails, and the reasons are kept."""
     from tilesmith import profile
 
     monkeypatch.setattr(profile, "profile_graphs", lambda dirs, **kw: [TilesmithError(
@@ -355,7 +355,8 @@ def test_a_failed_baseline_profile_and_failed_screens_are_named_in_the_track(ove
 
     r = opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner"), optimizer=from_generator(screens_fail))
     t = r.tracks[0]
-    assert t.status == "exhausted" and t.baseline_ms is None and "CUDA driver initialization failed" in t.profile_error
+    assert t.status == "failed" and r.failed() == [t] and t.baseline_ms is None
+    assert "CUDA driver initialization failed" in t.profile_error
     assert "all 1 screened variants failed to run, the first: worker failed: boom" in t.reason
     assert "the baseline profile failed: profiling abc failed" in t.reason
     saved = json.loads((runs.track_dir(r.run_id, t.key).parent / "run.json").read_text())["graphs"][t.key]
@@ -425,3 +426,49 @@ def test_submit_judges_nothing_once_the_budget_is_spent_whichever_optimizer_asks
     assert v["accepted"] is False and v["stage"] == "budget" and "--resume" in v["reasons"][0]["message"]
     t = r.tracks[0]
     assert t.candidates == 0 and not list((runs.track_dir(r.run_id, t.key) / "profiles").glob("verdict_*.json"))
+
+
+@pytest.mark.parametrize("broken", ["wrapper.py", "graph.json"])
+def test_optimize_cli_exits_1_and_names_a_graph_that_failed_for_another_reason_than_no_faster_candidate(
+        oversub_ws, tmp_path, broken):
+    import shutil
+
+    ws = tmp_path / "ws"
+    shutil.copytree(oversub_ws, ws)
+    (gdir,) = (ws / "graphs").iterdir()
+    f = gdir / broken
+    f.write_text(f.read_text() + "\nthis is not (" if broken == "wrapper.py" else "{not json")
+    r = runner.invoke(app, ["optimize", "-w", str(ws)], env={"COLUMNS": "40"})  # piped: the key stays whole anyway
+    assert r.exit_code == 1, r.output
+    assert f"│ {gdir.name[:12]} │" in r.stdout and "│ failed " in r.stdout and "next: tilesmith report" in r.stdout
+    assert "1 graph(s) failed, not for want of a faster candidate" in r.stderr
+    why = "SyntaxError" if broken == "wrapper.py" else "graph.json is corrupt"
+    assert f"  {gdir.name[:12]}: " in r.stderr and why in r.stderr.split("failed, not for want")[1], r.stderr
+    r = runner.invoke(app, ["optimize", "-w", str(ws), "--json"])
+    assert r.exit_code == 1 and json.loads(r.stdout)["tracks"][0]["status"] == "failed"
+
+
+def test_optimize_cli_stopped_by_max_minutes_says_interrupted_and_how_to_resume(oversub_ws):
+    r = runner.invoke(app, ["optimize", "-w", str(oversub_ws), "--max-minutes", "0.000001"])
+    (rid,) = [p.name for p in paths.runs_dir().iterdir()]
+    assert r.exit_code == 0, r.output
+    assert f"run {rid} (interrupted)" in r.stdout and "│ pending " in r.stdout
+    assert "interrupted: the time limit (--max-minutes)" in r.stderr
+    assert f"`tilesmith optimize --resume {rid}` carries on" in r.stderr
+
+
+@pytest.mark.slow
+def test_optimize_cli_after_ctrl_c_exits_130_and_names_the_command_that_resumes_the_run(oversub_ws):
+    import signal
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "tilesmith_cli.app", "optimize", "-w", str(oversub_ws)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = p.stderr.readline()  # "run RID: 1 graph(s)": the run exists, its graph is being profiled
+    rid = first.split()[1].rstrip(":")
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 130, first + err
+    assert f"interrupted: what was confirmed is saved; `tilesmith optimize --resume {rid}` carries on" in err, err
+    assert runs.load_run(rid)["status"] == "interrupted"

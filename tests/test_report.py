@@ -212,6 +212,27 @@ def test_report_says_why_a_cuda_graph_was_timed_without_the_programs_gap_and_whe
     assert any("77.2 us of the program's own host time" in n for g in graphs for n in g.notes), [g.notes for g in graphs]
 
 
+def test_a_bandwidth_share_above_the_dram_peak_is_marked_in_cache_and_explained_and_keys_stay_whole_when_piped(
+        copied_run, tmp_path):
+    """A kernel whose data stays in cache moves it faster than the DRAM copy its ceiling was measured with: its
+    share read "242%" with no word why. The CLI runs piped here (CliRunner: not a terminal), 40 columns asked."""
+    from tilesmith.report_html import render_html
+
+    track = _track_eligible(copied_run)
+    f = track / "profiles" / "baseline.json"
+    prof = _jsonfile(f)
+    k = max(prof["kernels"], key=lambda k: k["time_ms"])
+    k["bw_frac"], k["gbps"] = 2.42, 27.1
+    f.write_text(json.dumps(prof))
+    r = runner.invoke(app, ["report"], env={"COLUMNS": "40"})
+    assert r.exit_code == 0, r.output
+    row = next(line for line in r.stdout.splitlines() if k["name"] in line)
+    assert f"│ {track.name[:12]} │" in row and "27.1 (242 %, in cache)" in row and "GB/s (of DRAM peak)" in r.stdout
+    assert "GB/s above 100 % of the DRAM peak: the kernel's data stays in cache" in r.stdout
+    page = render_html(build_report())
+    assert "27.1 (242 %, in cache)" in page and "the kernel&#x27;s data stays in cache" in page
+
+
 def test_report_notes_when_the_workspace_is_gone(copied_run):
     run = _jsonfile(copied_run / "run.json")
     run["workspace"] = str(copied_run / "no-such-workspace")

@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import EXAMPLES, captured_workspace, run_capture_subprocess
 from tilesmith import store
+from tilesmith.runtime import NOTICE
 from tilesmith.workspace import load as load_ws
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -76,7 +77,13 @@ def keys(ws: Path) -> list[str]:
 
 
 def warnings_in(p) -> list[str]:
-    return [line for line in p.stderr.splitlines() if line.startswith("tilesmith: ")]
+    """The runtime's warnings on stderr (not its exit line: notice_in)."""
+    return [line for line in p.stderr.splitlines() if line.startswith("tilesmith: ") and not line.startswith(NOTICE)]
+
+
+def notice_in(p) -> list[str]:
+    """The runtime's one line at exit, saying what it substituted."""
+    return [line for line in p.stderr.splitlines() if line.startswith(NOTICE)]
 
 
 # -- fixtures --------------------------------------------------------------------------------------
@@ -235,6 +242,23 @@ def test_perturbed_inference_artifact_shows_in_the_output_and_never_leaks_into_i
     # The same warm cache without the runtime: Inductor's own code again (the cache is not polluted).
     plain = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache, runtime=False)
     assert number(plain, "checksum") == baseline
+
+
+def test_the_runtime_says_once_at_exit_what_it_substituted_and_nothing_when_it_substituted_nothing_or_is_quiet(
+        inference_ws, inference_baseline):
+    cache, _ = inference_baseline
+    (k,) = keys(inference_ws)
+    p = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)  # nothing installed
+    assert p.returncode == 0 and stats_of(p)["substituted"] == 0 and "tilesmith" not in p.stderr, p.stderr
+    install_direct(inference_ws, k, marker_artifact((inference_ws / "graphs" / k / "wrapper.py").read_text(), k))
+    p = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)
+    assert p.returncode == 0 and stats_of(p)["substituted"] == 1, p.stderr
+    # the store's evidence for every artifact install_direct makes: a 2.0x speedup
+    assert notice_in(p) == ["tilesmith: loaded 1 installed graph(s) in place of Inductor's (2.00x faster at the gate); "
+                            "TILESMITH_RUNTIME_QUIET=1 hides this line"], p.stderr
+    assert warnings_in(p) == [] and p.stderr.endswith(notice_in(p)[0] + "\n")  # after the program's own output
+    quiet = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache, env={"TILESMITH_RUNTIME_QUIET": "1"})
+    assert quiet.returncode == 0 and stats_of(quiet)["substituted"] == 1 and "tilesmith" not in quiet.stderr, quiet.stderr
 
 
 @pytest.mark.parametrize("case", ["tampered", "wrong-environment", "raises-at-import", "missing-file"])

@@ -105,6 +105,11 @@ class OptimizeResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def failed(self) -> list[TrackResult]:
+        """The graphs that failed for a reason other than finding no faster candidate (a corrupt wrapper.py or
+        graph.json, a crashed worker, every screen failing): the run did not do what was asked for them."""
+        return [t for t in self.tracks if t.status == "failed"]
+
 
 @dataclass
 class _Run:
@@ -151,11 +156,11 @@ def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSe
 
     for t in tracks.values():
         save(t)
-    note("run", run_id=run["run_id"], graphs=len(graphs))
     r = _Run(run["run_id"], ws, settings, optimizer,
              time.monotonic() + settings.max_minutes * 60 if settings.max_minutes else None, threading.Event(), save, note)
     interrupted = False
-    try:
+    try:  # from the moment the caller learns the run id, a Ctrl-C leaves the run marked interrupted
+        note("run", run_id=run["run_id"], graphs=len(graphs))
         with keep_spares(default_spares()) as r.spares:  # decisions run back to back: workers start ahead
             _work_all(r, graphs, tracks)
     except KeyboardInterrupt:
@@ -206,7 +211,7 @@ def _work_all(r: _Run, graphs, tracks: dict[str, TrackResult]) -> None:
         if r.deadline is not None and r.settings.loops > 1 and len(order) > 1:
             # Under a time limit, every graph's first win before any graph's second: on the H200 a training
             # step's backward took its second loop's re-lowering search through the rest of a 4-minute budget,
-            # and its three other graphs never started (benchmarks/RESULTS.md, session 16).
+            # and its three other graphs never started (benchmarks/RESULTS-history.md, 2026-12-02).
             first = replace(r.settings, loops=1)
             for g in order:
                 if r.expired():
@@ -331,9 +336,11 @@ def _run_track(r: _Run, g, t: TrackResult, settings: OptimizeSettings) -> None:
         if t.status == "exhausted" and t.loops_done > 0:
             t.status = "done"
         if t.candidates == 0:  # nothing reached the gate: say what failed on the way, not only "nothing to try"
-            t.reason = "; ".join(x for x in (t.reason, track.failed_screens(),
-                                             f"the baseline profile failed: {t.profile_error}" if t.profile_error else "")
-                                 if x)
+            errors = [x for x in (track.failed_screens(),
+                                  f"the baseline profile failed: {t.profile_error}" if t.profile_error else "") if x]
+            t.reason = "; ".join(x for x in (t.reason, *errors) if x)
+            if errors and t.status == "exhausted":  # it ran out of ideas because nothing would run: a failure
+                t.status = "failed"
     r.save(t)
     r.note("track", key=g.key, track=t)
 

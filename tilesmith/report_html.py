@@ -9,6 +9,7 @@ import html
 import math
 
 from tilesmith.report import Report
+from tilesmith.report_rows import BANDWIDTH_COLUMN, BANDWIDTH_NOTE, rate_text
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#1d2330;padding:0 16px}
@@ -247,10 +248,6 @@ def _candidates_table(r: Report) -> str:
     return _table("candidates", head, rows)
 
 
-def _rate(v, frac) -> str:
-    return "-" if v is None else f"{v:.3g}" + (f" ({100 * frac:.0f} %)" if frac is not None else "")
-
-
 def _kernel_tables(r: Report) -> str:
     out = []
     for g in r.graphs:
@@ -259,7 +256,7 @@ def _kernel_tables(r: Report) -> str:
         rows = [f"<tr data-key='{_e(g.key)}' data-kernel='{_e(k.name)}'><td><code>{_e(k.name)}</code></td><td>{_e(k.kind)}</td>"
                 f"<td class='num'>{k.calls}</td>{_td('time_ms', k.time_ms, _fmt(k.time_ms, 4))}"
                 f"{_td('share', k.share, f'{100 * k.share:.1f} %')}"
-                f"{_td('gbps', k.gbps, _rate(k.gbps, k.bw_frac))}{_td('tflops', k.tflops, _rate(k.tflops, k.flop_frac))}"
+                f"{_td('gbps', k.gbps, rate_text(k.gbps, k.bw_frac, True))}{_td('tflops', k.tflops, rate_text(k.tflops, k.flop_frac))}"
                 f"<td>{_e(k.klass or '-')}</td>{_td('headroom_ms', k.headroom_ms, _fmt(k.headroom_ms, 4))}"
                 f"<td><code>{_e(k.site)}</code></td></tr>" for k in g.top_kernels]
         gap = f", device idle between kernels {_fmt(g.gap_ms, 4)} ms" if g.gap_ms is not None else ""
@@ -268,8 +265,10 @@ def _kernel_tables(r: Report) -> str:
                    f"{_e(', ' + g.profile_class + '-bound') if g.profile_class else ''}</span></h3>")
         if g.ceilings:
             out.append(f"<p class='muted'>ceilings: {_e(g.ceilings)}. {_e(g.counters)}</p>")
-        out.append(_table(f"kernels-{g.key[:12]}", ["kernel", "kind", "calls", "ms per call", "share", "GB/s (of peak)",
+        out.append(_table(f"kernels-{g.key[:12]}", ["kernel", "kind", "calls", "ms per call", "share", BANDWIDTH_COLUMN,
                                                     "TFLOP/s (of peak)", "class", "headroom ms", "wrapper line"], rows))
+        if any((k.bw_frac or 0) > 1 for k in g.top_kernels):
+            out.append(f"<p class='muted'>{_e(BANDWIDTH_NOTE)}.</p>")
     return "".join(out)
 
 

@@ -26,6 +26,26 @@ class KernelRow:
     site: str = ""  # the wrapper line that launches it ("L338: extern_kernels.addmm(...)"), first of several
 
 
+# The GB/s column's peak is the device memory's, measured with a copy far larger than the last-level cache
+# (tilesmith/roofline.py): a kernel whose data stays in cache (a few MB on a CPU core's L2/L3, up to 50 MB in an
+# H200's L2) moves it faster than that, so its share reads above 100 %.
+# That is no error, and such a kernel has no headroom by this roofline: the renderers say so in the cell.
+BANDWIDTH_COLUMN = "GB/s (of DRAM peak)"
+BANDWIDTH_NOTE = ("GB/s above 100 % of the DRAM peak: the kernel's data stays in cache, which is faster than the "
+                  "device memory the peak was measured on (a copy far larger than the last-level cache)")
+
+
+def rate_text(value: float | None, frac: float | None, bandwidth: bool = False) -> str:
+    """An achieved rate and its share of the ceiling, as the report's tables show it: "7.52 (67 %)"; a bandwidth
+    share above 100 % is marked "(242 %, in cache)" (BANDWIDTH_NOTE)."""
+    if value is None:
+        return "-"
+    if frac is None:
+        return f"{value:.3g}"
+    cached = ", in cache" if bandwidth and frac > 1.0 else ""
+    return f"{value:.3g} ({100 * frac:.0f} %{cached})"
+
+
 @dataclass
 class CandidateRow:
     """One gate verdict (profiles/verdict_NNN.json)."""

@@ -16,6 +16,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from tilesmith_cli.version import version
+
+        typer.echo(f"tilesmith {version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print tilesmith's version and exit."),
+) -> None:
+    """Make the code TorchInductor generates faster, with proof."""
+
+
 app.command("capture", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(capture.capture)
 app.command("replay")(replay.replay)
 app.command("optimize")(optimize.optimize)

@@ -14,8 +14,26 @@ from rich.table import Table
 
 from tilesmith.errors import TilesmithError
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Lines as long as their content where the output is not a terminal (a pipe, a file, a test's capture): a table
+# folded to 80 columns split every graph key in two, and `grep`/`cut` on the output could not find one.
+UNWRAPPED_WIDTH = 100_000
+
+
+class _Console(Console):
+    """rich's Console, unwrapped when its stream is not a terminal (COLUMNS is for terminals)."""
+
+    @property
+    def size(self):
+        size = super().size
+        return size if self.is_terminal else size._replace(width=UNWRAPPED_WIDTH)
+
+    @size.setter
+    def size(self, new_size) -> None:
+        Console.size.fset(self, new_size)
+
+
+out = _Console(highlight=False, soft_wrap=True)
+err = _Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def to_jsonable(obj):
@@ -43,22 +61,26 @@ def fail(e: TilesmithError, as_json: bool = False) -> None:
 
 
 def table(title: str | None, columns: list[str], rows: list[list]) -> Table:
+    """A table whose first column (a graph key, a pass) is never folded, on a terminal too."""
     t = Table(title=title, title_justify="left", header_style="bold")
-    for c in columns:
-        t.add_column(c, overflow="fold")
+    for i, c in enumerate(columns):
+        t.add_column(c, overflow="fold", no_wrap=i == 0)
     for r in rows:
         t.add_row(*[("" if v is None else str(v)) for v in r])
     return t
 
 
-def run_guarded(fn, as_json: bool = False):
-    """Call `fn`; TilesmithError -> exit 1 with hint; Ctrl-C -> 130; anything else -> one line + exit 1."""
+def run_guarded(fn, as_json: bool = False, resume=None):
+    """Call `fn`; TilesmithError -> exit 1 with hint; Ctrl-C -> 130; anything else -> one line + exit 1.
+    `resume`: a function giving the command that carries on after Ctrl-C (None: nothing to carry on)."""
     try:
         return fn()
     except TilesmithError as e:
         fail(e, as_json)
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/yellow]: what was confirmed is saved", markup=True)
+        how = resume() if resume is not None else None
+        err.print("[yellow]interrupted[/yellow]: what was confirmed is saved" + (f"; `{how}` carries on" if how else ""),
+                  markup=True)
         raise typer.Exit(130) from None
     except (typer.Exit, typer.Abort, SystemExit):
         raise

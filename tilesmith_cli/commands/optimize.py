@@ -38,37 +38,68 @@ def optimize(
                                 skills=[str(p) for p in skills], graph_minutes=graph_minutes,
                                 reasoning_effort=reasoning_effort, context_window=context_window, warm_start=warm_start)
 
+    seen: dict = {"run_id": resume}
+
     def go():
         if as_json:
-            return run_optimize(workspace, settings, resume=resume)
+            return run_optimize(workspace, settings, resume=resume, on_event=_progress(None, seen))
         with console.err.status("starting ...") as status:
-            def on_event(kind, **kw):
-                t = kw.get("track")
-                if kind == "run":
-                    console.err.print(f"run {kw['run_id']}: {kw['graphs']} graph(s)")
-                elif kind == "profile":
-                    status.update(f"profiling {kw['key'][:12]} ...")
-                elif kind == "profile-failed":
-                    console.err.print(f"  {kw['key'][:12]}: baseline profile failed, the track runs without one: "
-                                      f"{kw['error'][:300]}")
-                elif kind == "candidate":
-                    best = f", best {t.speedup:.3f}x" if t.speedup else ""
-                    status.update(f"{t.key[:12]}: loop {t.loops_done + 1}, candidate {t.candidates}{best}: judging {kw['label'][:60]}")
-                elif kind == "accepted":
-                    console.err.print(f"  {t.key[:12]}: loop {t.loops_done} accepted, {t.speedup:.3f}x (>= {t.speedup_low:.3f}x)")
-                elif kind == "track" and t.status not in ("running", "pending"):
-                    console.err.print(f"  {t.key[:12]}: {t.status}{': ' + t.reason if t.reason else ''}")
+            return run_optimize(workspace, settings, resume=resume, on_event=_progress(status, seen))
 
-            return run_optimize(workspace, settings, resume=resume, on_event=on_event)
-
-    result = console.run_guarded(go, as_json)
+    result = console.run_guarded(go, as_json, resume=lambda: seen["run_id"] and f"tilesmith optimize --resume {seen['run_id']}")
     if as_json:
         console.print_json(result)
-        return
+    else:
+        _render(result)
+    if result.failed():
+        raise typer.Exit(1)
+
+
+def _progress(status, seen: dict):
+    """The library's progress events: the run id kept in `seen` (for Ctrl-C's message), the rest shown on
+    stderr unless `status` is None (--json)."""
+
+    def on_event(kind, **kw):
+        t = kw.get("track")
+        if kind == "run":
+            seen["run_id"] = kw["run_id"]
+        if status is None:
+            return
+        if kind == "run":
+            console.err.print(f"run {kw['run_id']}: {kw['graphs']} graph(s)")
+        elif kind == "profile":
+            status.update(f"profiling {kw['key'][:12]} ...")
+        elif kind == "profile-failed":
+            console.err.print(f"  {kw['key'][:12]}: baseline profile failed, the track runs without one: "
+                              f"{kw['error'][:300]}")
+        elif kind == "candidate":
+            best = f", best {t.speedup:.3f}x" if t.speedup else ""
+            status.update(f"{t.key[:12]}: loop {t.loops_done + 1}, candidate {t.candidates}{best}: judging {kw['label'][:60]}")
+        elif kind == "accepted":
+            console.err.print(f"  {t.key[:12]}: loop {t.loops_done} accepted, {t.speedup:.3f}x (>= {t.speedup_low:.3f}x)")
+        elif kind == "track" and t.status not in ("running", "pending"):
+            console.err.print(f"  {t.key[:12]}: {t.status}{': ' + t.reason if t.reason else ''}")
+
+    return on_event
+
+
+def _render(result) -> None:
+    """The run's table, then what did not go as asked (failed graphs, an interrupted run) and what comes next."""
     rows = [[t.key[:12], t.kind, t.status, t.loops_done, t.candidates, _ms(t.baseline_ms), _ms(t.best_ms),
              f"{t.speedup:.3f}x (>= {t.speedup_low:.3f}x)" if t.speedup else "-"] for t in result.tracks]
     console.out.print(console.table(f"run {result.run_id} ({result.status})",
                                     ["graph", "kind", "status", "loops", "tried", "baseline", "best", "speedup"], rows))
+    failed = result.failed()
+    if failed:
+        console.err.print(f"[red]error:[/red] {len(failed)} graph(s) failed, not for want of a faster candidate:",
+                          markup=True)
+        for t in failed:
+            console.err.print(f"  {t.key[:12]}: {t.reason or 'no reason recorded'}", markup=False)
+        console.err.print("[dim]hint: `tilesmith replay WORKSPACE/graphs/KEY` checks that a captured graph loads and "
+                          "runs; `tilesmith capture --force` captures it again[/dim]", markup=True)
+    if result.status == "interrupted":
+        console.err.print(f"[yellow]interrupted[/yellow]: the time limit (--max-minutes) ended the run before every graph "
+                          f"was done; `tilesmith optimize --resume {result.run_id}` carries on", markup=True)
     console.out.print(f"next: tilesmith report {result.run_id}  |  tilesmith install {result.run_id}")
 
 

@@ -41,6 +41,7 @@ def _render(r) -> None:
     out = console.out
     out.print(f"run {r.run_id} ({r.status}), optimizer {r.optimizer or '?'}, workspace {r.workspace or '?'}")
     from tilesmith.report import agent_budgets
+    from tilesmith.report_rows import BANDWIDTH_COLUMN, BANDWIDTH_NOTE, rate_text
 
     if agent_budgets(r.settings):
         out.print(agent_budgets(r.settings))
@@ -51,13 +52,16 @@ def _render(r) -> None:
              "-" if g.model_calls is None else g.model_calls] for g in r.graphs]
     out.print(console.table("graphs (ms per call)", ["graph", "kind", "eligible", "status", "baseline", "best",
                                                      "speedup [interval]", "loops", "tried", "rejected", "model calls"], rows))
-    rows = [[g.key[:12], k.name, k.kind, k.calls, f"{k.time_ms:.4f}", f"{100 * k.share:.1f}%", _rate(k.gbps, k.bw_frac),
-             _rate(k.tflops, k.flop_frac), k.klass or "-", _f(k.headroom_ms, 4)]
-            for g in r.graphs for k in g.top_kernels[:3]]
+    kernels = [(g, k) for g in r.graphs for k in g.top_kernels[:3]]
+    rows = [[g.key[:12], k.name, k.kind, k.calls, f"{k.time_ms:.4f}", f"{100 * k.share:.1f}%",
+             rate_text(k.gbps, k.bw_frac, True), rate_text(k.tflops, k.flop_frac), k.klass or "-", _f(k.headroom_ms, 4)]
+            for g, k in kernels]
     if rows:
         out.print(console.table("top kernels (baseline profile)", ["graph", "kernel", "kind", "calls", "ms", "share",
-                                                                   "GB/s (of peak)", "TFLOP/s (of peak)", "class",
+                                                                   BANDWIDTH_COLUMN, "TFLOP/s (of peak)", "class",
                                                                    "headroom ms"], rows))
+    if any((k.bw_frac or 0) > 1 for _, k in kernels):
+        out.print(f"[dim]{BANDWIDTH_NOTE}[/dim]", markup=True)
     for g in r.graphs:
         if g.profile_class:
             gap = f", device idle between kernels {g.gap_ms:.4f} ms/call" if g.gap_ms is not None else ""
@@ -105,12 +109,6 @@ def _elig(g) -> str:
 
 def _speedup(g) -> str:
     return "-" if g.speedup is None else f"{g.speedup:.3f}x [{_f(g.speedup_low)}, {_f(g.speedup_high)}]"
-
-
-def _rate(v, frac) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.3g}" + (f" ({100 * frac:.0f}%)" if frac is not None else "")
 
 
 def _f(v, digits: int = 3) -> str:
