@@ -295,7 +295,7 @@ def cmd_run(a) -> int:
         return 0
     reuse, code = models_reuse.load(p["reuse"]), models_reuse.code_digest()  # before any flow or timing
     if device.startswith("cuda") and p["timing"]:
-        from tilesmith import native
+        from tilesmith.replay import native
 
         # The replay's address check in C, as `tilesmith install` on this machine builds it (a reused flow's
         # install ran on another machine): every tilesmith path's worker loads it.

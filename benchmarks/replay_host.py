@@ -10,7 +10,7 @@ back to back, one synchronisation at the end, wall / N. Paths:
                             the moving input copied in, the output handed out without a copy
   lean, nothing moves       the same with the same input tensor every call: only the address check
                             (every argument read in place: one pass over the list, in C where
-                            tilesmith.native is built: this script builds it first, as install does)
+                            tilesmith.replay.native is built: this script builds it first, as install does)
   ..., Python check         the same with the check in Python (what runs without that build)
   lean, output kept         the same while the caller keeps each output for one call (copied out)
   copy everything           what the replay did before: every input copied in (one _foreach_copy_
@@ -113,8 +113,8 @@ def paths(fn, ws, xs, torch):
 
 def pieces(fn, ws, xs, torch) -> dict:
     """Host time of each step of a lean replay on its own (us per call; launches synchronised at the end)."""
-    from tilesmith import cudagraph_record as cg_rec
-    from tilesmith import native
+    from tilesmith.replay import record as cg_rec
+    from tilesmith.replay import native
 
     args = [xs[0], *ws]
     idx = list(range(1, len(args)))
@@ -131,7 +131,7 @@ def pieces(fn, ws, xs, torch) -> dict:
         f"address check, {len(idx)} inputs (C++)": lambda: cg_rec._ptrs_equal(args, ptrs, idx),
         f"address check, {len(idx)} inputs (Python data_ptr)": lambda: [dp(args[i]) for i in idx] == want,
         f"address check, all {len(args)} (map data_ptr)": lambda: list(map(dp, args)) == every,
-        **({f"address check, all {len(args)} (tilesmith.native, C)": lambda: cg_rec._same_ptrs(args, packed)}
+        **({f"address check, all {len(args)} (tilesmith.replay.native, C)": lambda: cg_rec._same_ptrs(args, packed)}
            if cg_rec._same_ptrs is not None else {}),
         "storage use count (one output)": lambda: cg_rec._use_count(st._cdata),
         "current raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
@@ -195,7 +195,7 @@ def main() -> int:
         print("replay_host: needs CUDA (the lean replay makes the plain call on CPU); nothing measured")
         Path(a.out).write_text(json.dumps({"skipped": "no CUDA"}))
         return 0
-    from tilesmith import native
+    from tilesmith.replay import native
 
     built = native.build()[1]  # as `tilesmith install` does on a CUDA machine; before the replay is imported
     print(f"the address check in C: {built}")
@@ -205,7 +205,7 @@ def main() -> int:
     for name, call in ps.items():
         us = per_call_us(call, a.calls, a.reps, torch.cuda.synchronize)
         rows.append({"path": name, "median_us": statistics.median(us), "min_us": min(us), "samples_us": us})
-    from tilesmith import cudagraph, cudagraph_record
+    from tilesmith.replay import graphed as cudagraph, record as cudagraph_record
 
     if cudagraph._same_ptrs is not None:  # the same path with the check in Python (no build, another torch)
         cudagraph._same_ptrs = cudagraph_record._same_ptrs = None

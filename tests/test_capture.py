@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import EXAMPLES, run_capture_subprocess
 from tilesmith import workspace as wsmod
-from tilesmith.replay import replay
+from tilesmith.capture.rerun import rerun
 from tilesmith_cli.app import app
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -96,7 +96,7 @@ def test_every_eligible_graph_replays_in_a_fresh_process_to_the_captured_outputs
     assert len(gdirs) == 5
     # Each replay is its own process (mostly importing torch): two at a time use both cores of a small CI box.
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(replay, gdirs))
+        results = list(pool.map(rerun, gdirs))
     for gdir, r in zip(gdirs, results):
         assert r.ok, r.problems
         assert r.outputs == len(wsmod.load_graph_json(gdir)["outputs"])

@@ -194,7 +194,7 @@ def test_tuner_proposes_the_cuda_graph_variant_for_launch_bound_cuda_graphs_also
 
 
 def test_graphed_layout_key_is_the_arity_and_the_non_tensor_values():
-    from tilesmith.cudagraph import _layout
+    from tilesmith.replay.graphed import _layout
 
     x = torch.ones(3)
     assert _layout([x, 1]) != _layout([x, 2]) and _layout([x, 1]) == _layout([x.clone(), 1])

@@ -1,4 +1,4 @@
-"""tilesmith.native: the lean replay's address check in C, compiled here for real against this torch. It
+"""tilesmith.replay.native: the lean replay's address check in C, compiled here for real against this torch. It
 gives the Python check's answers (through _Record.ptrs_ok, the path the replay takes), says False for
 anything it cannot vouch for, and a missing, failed or broken build is a reason in status(), never an
 error: the replay then checks in Python."""
@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tilesmith import cudagraph_record, native  # noqa: E402
+from tilesmith.replay import native, record as cudagraph_record  # noqa: E402
 
 
 def _reset(monkeypatch, d):

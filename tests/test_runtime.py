@@ -331,9 +331,9 @@ def test_capture_records_inductors_own_code_even_with_an_artifact_installed(tmp_
     p = run_capture_subprocess(EXAMPLES / "inference.py", ws, "--steps", "1")
     assert p.returncode == 0, p.stderr
     assert keys(ws) == [k]
-    from tilesmith.replay import replay
+    from tilesmith.capture.rerun import rerun
 
-    r = replay(ws / "graphs" / k)  # captured outputs come from Inductor's wrapper, not the perturbed artifact
+    r = rerun(ws / "graphs" / k)  # captured outputs come from Inductor's wrapper, not the perturbed artifact
     assert r.ok, r.problems
 
 

@@ -52,7 +52,7 @@ def install(run_id: str | None = None, *, dry_run: bool = False, force: bool = F
     if not dry_run and _cuda():
         # The CUDA-graph replay's address check in C (tilesmith.native): built here, once per machine and torch,
         # because the runtime never compiles inside the user's program (without it the check runs in Python).
-        from tilesmith import native
+        from tilesmith.replay import native
 
         result.native = native.build()[1]
     return result

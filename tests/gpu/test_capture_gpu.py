@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from tests.conftest import EXAMPLES, run_capture_subprocess  # noqa: E402
 from tilesmith import workspace as wsmod  # noqa: E402
-from tilesmith.replay import replay  # noqa: E402
+from tilesmith.capture.rerun import rerun  # noqa: E402
 from tilesmith.search import kernels as K  # noqa: E402
 from tilesmith.search.measure import screen  # noqa: E402
 
@@ -39,14 +39,14 @@ def test_gpu_training_capture_has_triton_forward_and_backward_graphs_that_replay
     for g in ws.graphs:
         assert g.eligible and g.data_stored and g.device == "cuda:0", g
         assert g.kernels["triton"] + g.kernels["extern"] >= 1
-        r = replay(ws.graph_dir(g.key), atol=1e-4)
+        r = rerun(ws.graph_dir(g.key), atol=1e-4)
         assert r.ok, r.problems
 
 
 def test_gpu_reduce_overhead_graph_is_recorded_as_cuda_graphs_and_replays(cuda_reduce_overhead):
     (g,) = wsmod.load(cuda_reduce_overhead).graphs
     assert g.compile_mode == "cudagraphs" and g.eligible and g.kind == "inference"
-    assert replay(wsmod.graph_dir(cuda_reduce_overhead, g.key), atol=1e-4).ok
+    assert rerun(wsmod.graph_dir(cuda_reduce_overhead, g.key), atol=1e-4).ok
 
 
 def test_gpu_capture_twice_gives_the_same_keys(tmp_path, cuda_training):

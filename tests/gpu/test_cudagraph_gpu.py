@@ -123,7 +123,8 @@ def test_gpu_graphed_a_further_instance_that_fails_to_capture_copies_held_output
         launch_graph, monkeypatch):
     """A third instance that does not fit (out of memory, over MAX_GRAPH_BYTES) leaves the two there working:
     the held outputs are copied out from then on, and the layout keeps replaying."""
-    from tilesmith import cudagraph, loading
+    from tilesmith import loading
+    from tilesmith.replay import graphed as cudagraph
 
     data, plain, wrapped = _modules(launch_graph)
     args = loading.clone_args(data.inputs)
@@ -189,8 +190,8 @@ def test_gpu_graphed_reads_inputs_in_place_and_sees_in_place_updates(launch_grap
 
 @pytest.fixture(scope="module")
 def c_check(tmp_path_factory):
-    """tilesmith.native's address check, built here for real (as `tilesmith install` does on a CUDA machine)."""
-    from tilesmith import native
+    """tilesmith.replay.native's address check, built here for real (as `tilesmith install` does on a CUDA machine)."""
+    from tilesmith.replay import native
 
     mp = pytest.MonkeyPatch()
     mp.setenv("TILESMITH_NATIVE_DIR", str(tmp_path_factory.mktemp("native")))
@@ -209,10 +210,11 @@ def c_check(tmp_path_factory):
 @pytest.mark.parametrize("check", ["C", "Python"])
 def test_gpu_graphed_steady_state_sees_weights_moved_under_the_same_tensor_objects(launch_graph, c_check,
                                                                                   monkeypatch, check):
-    """The steady-state path's address check, in C (tilesmith.native) and in Python: a `.data = ...` (as
+    """The steady-state path's address check, in C (tilesmith.replay.native) and in Python: a `.data = ...` (as
     module.to() does) keeps every tensor object and moves its memory; the next call must see the new
     memory (capture again), never replay the old addresses."""
-    from tilesmith import cudagraph, cudagraph_record, loading
+    from tilesmith import loading
+    from tilesmith.replay import graphed as cudagraph, record as cudagraph_record
 
     same = c_check if check == "C" else None
     monkeypatch.setattr(cudagraph, "_same_ptrs", same)

@@ -177,7 +177,7 @@ def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
         g.recursively_apply_fns = getattr(mod, "recursively_apply_fns", None)
     if hasattr(g, "compiled_fn_runner"):
         g.compiled_fn_runner = getattr(mod, "runner", None)
-    from tilesmith.cudagraph import Graphed
+    from tilesmith.replay.graphed import Graphed
 
     after = None
     if isinstance(call, Graphed):

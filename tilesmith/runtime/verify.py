@@ -71,7 +71,7 @@ def wrap(call, inductors, key: str, graph, static, graphs_off: bool, on_fail):
         return call
     fallback = None
     if graphs_off:
-        from tilesmith.cudagraph import graphed
+        from tilesmith.replay.graphed import graphed
 
         fallback = graphed(inductors)
         fallback.static_hint = getattr(call, "static_hint", frozenset())

@@ -14,9 +14,9 @@ def replay(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Load captured wrappers in a fresh process, call them on the captured inputs, compare outputs."""
-    from tilesmith.replay import replay as run_replay
+    from tilesmith.capture.rerun import rerun
 
-    results = console.run_guarded(lambda: [run_replay(d) for d in graph_dirs], as_json)
+    results = console.run_guarded(lambda: [rerun(d) for d in graph_dirs], as_json)
     if as_json:
         console.print_json([r.to_dict() for r in results])
     else:

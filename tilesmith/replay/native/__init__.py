@@ -1,7 +1,7 @@
 """The lean CUDA-graph replay's address check in C (ptrs.cpp), built once per machine, torch and Python.
 
 The replay's steady state checks, on every call, that each argument still sits where the graph reads it
-(tilesmith.cudagraph). In Python that is a `data_ptr()` call per argument: 3.7 us for 51 arguments on the
+(tilesmith/replay/graphed.py). In Python that is a `data_ptr()` call per argument: 3.7 us for 51 arguments on the
 2-core VM, 4-6 us on the H200's host, half of the replay's own host time. The C check walks the list in
 0.3 us. Answers are the same; the C one says False for anything it cannot vouch for, and the caller then
 takes its full path, which checks again.

@@ -1,5 +1,6 @@
-"""`replay`: load a captured wrapper in a fresh process, call it on the captured inputs, compare with
-the captured outputs. Proves a workspace is complete enough for the gate to use."""
+"""Rerun a captured graph (`tilesmith replay GRAPH_DIR`): load its wrapper in a fresh process, call it on the
+captured inputs, compare with the captured outputs. Proves a workspace is complete enough for the gate to use.
+(The lean CUDA-graph replay a candidate may use is another thing: tilesmith/replay/.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tilesmith.workspace import load_graph_json
 
 
 @dataclass
-class ReplayResult:
+class RerunResult:
     key: str
     ok: bool
     bitwise: bool = False
@@ -27,21 +28,21 @@ class ReplayResult:
         return asdict(self)
 
 
-def replay(graph_dir: str | Path, *, timeout_s: float = 600.0, atol: float = 1e-5) -> ReplayResult:
-    """Replay one captured graph in a subprocess; `ok` when every output matches within `atol`."""
+def rerun(graph_dir: str | Path, *, timeout_s: float = 600.0, atol: float = 1e-5) -> RerunResult:
+    """Rerun one captured graph in a subprocess; `ok` when every output matches within `atol`."""
     gdir = paths.absolute(graph_dir)
     meta = load_graph_json(gdir)
-    cmd = [sys.executable, "-m", "tilesmith.replay", str(gdir), str(atol)]
+    cmd = [sys.executable, "-m", "tilesmith.capture.rerun", str(gdir), str(atol)]
     with tempfile.TemporaryDirectory(prefix="tilesmith-replay-") as tmp:
         device = str(meta.get("device") or "cpu")
         spec = sandbox.Spec(scratch=tmp, readable=[str(gdir)], devices=sandbox.devices_for(device))
         res = sandbox.run_json(cmd, spec, timeout_s, fork=forked.wanted(device))
     if res.returncode is None:
-        return ReplayResult(meta["key"], False, problems=[f"replay did not finish in {timeout_s:.0f} s"])
+        return RerunResult(meta["key"], False, problems=[f"replay did not finish in {timeout_s:.0f} s"])
     if res.returncode != 0 or res.reply is None:
         raise TilesmithError(f"replay of {meta['key'][:12]} failed (exit {res.returncode}): {res.tail}",
-                             code="replay-failed", hint="run `python -m tilesmith.replay GRAPH_DIR` to see the whole error")
-    return ReplayResult(**res.reply)
+                             code="replay-failed", hint="run `python -m tilesmith.capture.rerun GRAPH_DIR` to see the whole error")
+    return RerunResult(**res.reply)
 
 
 def _main(gdir: str, atol: float) -> dict:

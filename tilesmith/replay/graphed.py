@@ -16,7 +16,7 @@ from them and its own size checks ran at the capture):
 * The first call is the plain call: it is the warm-up (autotuning, library handles, workspaces).
 * The second call captures one run into a CUDA graph. Every tensor input is read in place (weights,
   buffers, activations that sit at the same address each step): the graph holds their addresses, and
-  each later call checks those addresses (one pass over the arguments, in C where tilesmith.native is
+  each later call checks those addresses (one pass over the arguments, in C where tilesmith.replay.native is
   built: `tilesmith install` builds it). Inputs that moved since the capture are
   re-recorded in place once; an input that moves again is copied instead, into a buffer of the
   graph's own, in one `_foreach_copy_` launch per dtype. In-place updates of weights stay visible,
@@ -61,11 +61,11 @@ import threading
 
 import torch
 
-from tilesmith import cudagraph_record
-from tilesmith.cudagraph_record import _data_ptr, _detach, _same_ptrs, _NotGraphable, _overlapping, _Record
+from tilesmith.replay import record
+from tilesmith.replay.record import _data_ptr, _detach, _same_ptrs, _NotGraphable, _overlapping, _Record
 
 MAX_LAYOUTS = 8  # graphs kept per wrapper; more layouts (dynamic shapes) run plain
-MAX_GRAPH_BYTES = cudagraph_record.MAX_GRAPH_BYTES  # what one capture may newly reserve (set and checked there)
+MAX_GRAPH_BYTES = record.MAX_GRAPH_BYTES  # what one capture may newly reserve (set and checked there)
 MAX_RECORDS = 6  # captures per layout (the first, then re-records); past it the layout runs plain
 # Instances of one record, each with its own memory pool, that take turns while the caller holds the
 # outputs of the others. A loop holding the last step's output needs two; a third serves a caller that also
@@ -111,7 +111,7 @@ class Graphed:
                 recs = lay.hot
                 if recs is None:
                     same = False
-                elif _same_ptrs is not None:  # in C (tilesmith.native): 0.3 us for 51 arguments where Python takes 4
+                elif _same_ptrs is not None:  # in C (tilesmith.replay.native): 0.3 us for 51 arguments where Python takes 4
                     same = _same_ptrs(real, recs[0].packed)
                 else:
                     try:

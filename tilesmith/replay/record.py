@@ -1,18 +1,13 @@
-"""One capture of tilesmith.cudagraph's lean replay (see its docstring): the CUDA graph, the inputs it
+"""One capture of the lean replay (tilesmith/replay/graphed.py, see its docstring): the CUDA graph, the inputs it
 reads in place and their addresses, the buffers of the inputs it copies (allocated inside the capture,
 from the graph's own pool), and the plan for its outputs (handed out, copied out, or the caller's own
-inputs and views of them). tilesmith.cudagraph decides when to capture; this module captures."""
+inputs and views of them). graphed.py decides when to capture; this module captures."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from tilesmith import native
-
-if TYPE_CHECKING:
-    from tilesmith.cudagraph import _Layout
+from tilesmith.replay import native
 
 # Device memory a capture may newly reserve (the graph's private pool: its intermediates and outputs stay
 # reserved, where the plain call frees them; buffers of copied inputs): above this the layout runs plain.
@@ -21,7 +16,7 @@ MAX_GRAPH_BYTES = 2 << 30
 _ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)  # CUDA builds only
 _use_count = torch._C._storage_Use_Count
 _data_ptr = torch.Tensor.data_ptr
-_same_ptrs = native.same_ptrs()  # the address check in C where it is built (tilesmith.native), else None
+_same_ptrs = native.same_ptrs()  # the address check in C where it is built (tilesmith.replay.native), else None
 _detach = torch.Tensor.detach
 _capture_streams: dict = {}  # device index -> the side stream captures run on (one per process, as torch's)
 
@@ -34,7 +29,7 @@ class _Record:
     """One capture: the graph, the addresses it reads in place, its copy-in plan, its output plan."""
 
     @classmethod
-    def capture(cls, lay: _Layout, real: list, pool) -> "_Record":
+    def capture(cls, lay: "graphed._Layout", real: list, pool) -> "_Record":
         self = cls()
         self.copied_idx = [i for i in lay.tensor_idx if i in lay.demoted]
         self.static_idx = [i for i in lay.tensor_idx if i not in lay.demoted]
@@ -83,7 +78,7 @@ class _Record:
         self._plan_outputs(list(out) if self.kind else [out], static, lay)
         return self
 
-    def _plan_outputs(self, outs: list, static: list, lay: _Layout) -> None:
+    def _plan_outputs(self, outs: list, static: list, lay: "graphed._Layout") -> None:
         by_storage = {}  # input storage pointer -> input position (the caller's tensor, or our copy)
         for i in lay.tensor_idx:
             if static[i].numel():
