@@ -320,7 +320,7 @@ def run_device(device: str, a, budget_s: float, work: Path) -> dict:
 
 def _workers() -> dict:
     """How this process started its workers: forked from a zygote (and how many zygotes), or new interpreters."""
-    from tilesmith import forked
+    from tilesmith.launch import forked
 
     return {"fork_setting": forked.mode(), "zygotes": len(forked._zygotes), "fork_failed": forked._failed}
 

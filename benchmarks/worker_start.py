@@ -44,7 +44,7 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
-    from tilesmith import sandbox
+    from tilesmith.launch import sandbox
 
     rows = []
     for label, fork in (("new interpreter", "off"), ("forked from the zygote", "on")):

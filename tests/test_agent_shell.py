@@ -68,7 +68,7 @@ def test_file_tools_are_fenced_to_the_track_folder(tmp_path):
     assert "not found" in str(sh.read("/etc/hostname")).lower() or not os.path.exists(tmp_path / "etc")
 
 
-@pytest.mark.skipif(__import__("tilesmith.sandbox", fromlist=["level"]).level() != "namespaces",
+@pytest.mark.skipif(__import__("tilesmith.launch.sandbox", fromlist=["level"]).level() != "namespaces",
                     reason="needs user namespaces")
 def test_sandboxed_shell_sees_only_its_own_processes_no_parent_environment_no_home_and_no_network(tmp_path):
     sh = GroupKillShellBackend(root_dir=tmp_path, virtual_mode=True, env=shell_env(tmp_path))
@@ -81,7 +81,7 @@ def test_sandboxed_shell_sees_only_its_own_processes_no_parent_environment_no_ho
     assert "no-parent" in r.output  # no parent process to read
     # The real home is hidden: what shows there is only what the interpreter and the compile caches
     # need, bound back.
-    from tilesmith.sandbox import _cache_dirs, _needed_paths
+    from tilesmith.launch.sandbox import _cache_dirs, _needed_paths
 
     needed = {Path(p).relative_to(home).parts[0] for p in _needed_paths() + _cache_dirs() if Path(p).is_relative_to(home)}
     assert set(lines[3].split()) <= needed

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tilesmith import forked, sandbox
+from tilesmith.launch import forked, sandbox
 from tilesmith.errors import TilesmithError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def test_workers_do_not_outlive_the_process_that_started_them(tmp_path):
     parent = textwrap.dedent(f"""
         import subprocess, sys, time
         from pathlib import Path
-        from tilesmith import forked, sandbox
+        from tilesmith.launch import forked, sandbox
         scratch = Path({str(tmp_path)!r}) / "w"; scratch.mkdir()
         env = {{**sandbox.scrubbed_env(scratch), "PYTHONPATH": {str(ROOT)!r}}}
         log = open(scratch / "out.txt", "wb")
@@ -133,7 +133,7 @@ def test_one_zygote_per_environment_torch_reads_at_import(tmp_path):
 
 
 def test_the_zygote_reports_the_cuda_driver_state_and_only_an_initialised_driver_stops_forking(tmp_path, monkeypatch):
-    from tilesmith import zygote
+    from tilesmith.launch import zygote
 
     # This machine has no CUDA driver: torch's import maps none, and workers fork.
     assert zygote.cuda_driver_state() == "absent"
@@ -180,7 +180,7 @@ def test_the_zygotes_imports_make_no_call_that_initialises_cuda():
                 seen.append(_n)
                 return _o(*a, **k)
             setattr(tc, name, spy)
-        from tilesmith import zygote
+        from tilesmith.launch import zygote
         for m in zygote.PRELOAD:
             try:
                 importlib.import_module(m)
@@ -342,7 +342,7 @@ def test_a_command_that_leaves_its_process_group_does_not_outlive_the_process_th
     parent = textwrap.dedent(f"""
         import subprocess, sys, time
         from pathlib import Path
-        from tilesmith import forked, sandbox
+        from tilesmith.launch import forked, sandbox
         scratch = Path({str(tmp_path)!r}) / "w"; scratch.mkdir()
         env = {{**sandbox.scrubbed_env(scratch), "PYTHONPATH": {str(ROOT)!r}}}
         p = sandbox.popen([sys.executable, "-m", "tests.fakes.probe", "detach"], sandbox.Spec(scratch=str(scratch)),

@@ -17,7 +17,7 @@ import pytest
 
 from tests import gate_helpers as h
 from tests import redteam
-from tilesmith import sandbox
+from tilesmith.launch import sandbox
 from tilesmith.gate import Policy, judge, static
 
 KEY = "sk-redteam-" + "7" * 24

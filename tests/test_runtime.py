@@ -192,7 +192,7 @@ def test_code_that_recognises_the_gates_sandbox_passes_its_checks_and_verify_cat
     gate's PID namespace) passes every correctness set and every checked timed call (rejected only as not
     faster: it does the original's work); in the program, TILESMITH_VERIFY catches it on the first call."""
     from tests import redteam
-    from tilesmith import sandbox
+    from tilesmith.launch import sandbox
     from tilesmith.gate import Policy, judge, static
 
     cache, baseline = inference_baseline

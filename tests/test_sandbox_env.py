@@ -1,4 +1,4 @@
-"""The environment every worker starts with (tilesmith.sandbox.scrubbed_env): Inductor's CPU vector-ISA
+"""The environment every worker starts with (tilesmith.launch.sandbox.scrubbed_env): Inductor's CPU vector-ISA
 probe is skipped in workers only where it cannot change what they pick."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tilesmith import sandbox
+from tilesmith.launch import sandbox
 
 PICK = "from torch._inductor import cpu_vec_isa; print(str(cpu_vec_isa.pick_vec_isa()))"
 

@@ -13,7 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tilesmith import forked, paths, sandbox
+from tilesmith import paths
+from tilesmith.launch import forked, sandbox
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.proc import calm_spares
 

@@ -130,6 +130,6 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, obj) -> None:
     """Atomically, with known secret values redacted (traces, verdicts and logs never hold a key)."""
-    from tilesmith.sandbox import redact
+    from tilesmith.launch.sandbox import redact
 
     atomic_write_text(path, redact(json.dumps(obj, indent=2, sort_keys=True, default=str)) + "\n")

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_gpu_a_forked_worker_runs_kernels_and_cuda_graphs(tmp_path, monkeypatch):
-    from tilesmith import forked, sandbox
+    from tilesmith.launch import forked, sandbox
 
     monkeypatch.setenv("TILESMITH_FORK_WORKERS", "on")
     assert forked.wanted("cuda:0")
@@ -35,7 +35,7 @@ def test_gpu_a_forked_worker_runs_kernels_and_cuda_graphs(tmp_path, monkeypatch)
 
 def test_gpu_the_driver_probe_tells_a_mapped_driver_from_an_initialised_one():
     code = ("import json, torch, triton\n"
-            "from tilesmith import zygote\n"
+            "from tilesmith.launch import zygote\n"
             "before = zygote.cuda_driver_state()\n"
             "torch.cuda.init()\n"
             "print(json.dumps([before, zygote.cuda_driver_state()]))\n")
@@ -48,7 +48,7 @@ def test_gpu_the_driver_probe_tells_a_mapped_driver_from_an_initialised_one():
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_gpu_gate_with_forked_workers_accepts_a_real_win_and_not_the_original(mode, tmp_path, monkeypatch,
                                                                                  inductor_cache):
-    from tilesmith import forked
+    from tilesmith.launch import forked
     from tilesmith.gate import Policy, judge
 
     monkeypatch.setenv("TILESMITH_FORK_WORKERS", "on")
@@ -97,7 +97,7 @@ def test_gpu_the_optimize_flow_with_forked_workers_profiles_and_screens(tmp_path
 def test_gpu_forked_profile_and_screen_workers_run_a_captured_graph(tmp_path, monkeypatch):
     """The two workers of the optimize flow that failed when forked for CUDA on the H200 (session 11),
     called directly, so a failure shows the worker's own last lines (the flow test above shows the track)."""
-    from tilesmith import forked
+    from tilesmith.launch import forked
     from tilesmith.errors import TilesmithError
     from tilesmith.profile import profile_graphs
     from tilesmith.search.measure import screen

@@ -28,7 +28,7 @@ def cuda_graph(tmp_path_factory, inductor_cache) -> Path:
 
 
 def test_gpu_sandbox_has_namespaces_and_cuda_works_inside(tmp_path):
-    from tilesmith import sandbox
+    from tilesmith.launch import sandbox
 
     assert sandbox.level() == "namespaces"
     code = ("import os, torch; x = torch.ones(1024, device='cuda'); torch.cuda.synchronize(); "

@@ -10,7 +10,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tilesmith import forked, paths, sandbox
+from tilesmith import paths
+from tilesmith.launch import forked, sandbox
 from tilesmith.errors import TilesmithError
 from tilesmith.workspace import load_graph_json
 

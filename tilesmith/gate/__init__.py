@@ -34,7 +34,7 @@ def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=N
     on_progress(stage, message) is called as stages start. spares: a pool from gate.proc.keep_spares whose
     started workers this decision may take (None: every worker starts fresh).
     """
-    from tilesmith import sandbox
+    from tilesmith.launch import sandbox
 
     policy = policy or Policy()
     t0 = time.monotonic()

@@ -20,11 +20,11 @@ import time
 import weakref
 from pathlib import Path
 
-from tilesmith import forked, sandbox
+from tilesmith.launch import forked, sandbox
 from tilesmith.clock import WINDOW_MARK
 from tilesmith.gate import audit
 from tilesmith.gate.procfs import tree_cpu_ns
-from tilesmith.sandbox import _SECRET
+from tilesmith.launch.sandbox import _SECRET
 
 class WorkerFailure(Exception):
     """The worker crashed, hung, raised or answered nonsense; `code` is the gate's reason code."""
@@ -36,7 +36,7 @@ class WorkerFailure(Exception):
 
 
 def worker_env(tmp: Path, device: str = "cpu") -> dict:
-    """The parent's environment minus secrets (tilesmith.sandbox.scrubbed_env) for a worker on `device`."""
+    """The parent's environment minus secrets (tilesmith.launch.sandbox.scrubbed_env) for a worker on `device`."""
     return sandbox.scrubbed_env(tmp, cpu_kernels=str(device).startswith("cpu"))
 
 

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilesmith import forked, sandbox
+from tilesmith.launch import forked, sandbox
 from tilesmith.gate.proc import calm_spares
 
 

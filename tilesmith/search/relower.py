@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilesmith import forked, sandbox
+from tilesmith.launch import forked, sandbox
 from tilesmith.capture import repro
 from tilesmith.workspace import load_graph_json
 

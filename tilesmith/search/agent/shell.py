@@ -15,7 +15,7 @@ from pathlib import Path
 from deepagents.backends import LocalShellBackend
 from deepagents.backends.protocol import ExecuteResponse
 
-from tilesmith import sandbox
+from tilesmith.launch import sandbox
 
 # Variables the shell may inherit: what running Python/Triton/CUDA needs, nothing that can carry a secret.
 PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "LANG", "LC_ALL",
@@ -67,7 +67,7 @@ class GroupKillShellBackend(LocalShellBackend):
 
     def _execute(self, command: str, timeout: int | None) -> ExecuteResponse:
         limit_s = timeout if timeout is not None else self._default_timeout
-        # In the OS sandbox (tilesmith.sandbox): the track folder is the only writable place, no network,
+        # In the OS sandbox (tilesmith.launch.sandbox): the track folder is the only writable place, no network,
         # no view of other processes (the parent's /proc/PID/environ included), home and workspace hidden.
         # The captured graph stays readable (read-only): the shipped kernel harness loads it.
         graph = self._env.get("TILESMITH_GRAPH_DIR")

@@ -1,5 +1,5 @@
-"""The deciding process's side of tilesmith/zygote.py: workers forked from an interpreter that has already
-imported torch, into the same sandbox tilesmith.sandbox builds (see sandbox.popen(..., fork=True)).
+"""The deciding process's side of zygote.py: workers forked from an interpreter that has already
+imported torch, into the same sandbox sandbox.py builds (see sandbox.popen(..., fork=True)).
 
 TILESMITH_FORK_WORKERS: auto (default) forks CPU gate workers on Linux; on also forks CUDA ones (the
 zygote never initialises CUDA, and each worker creates its own context; not yet the default until the
@@ -160,7 +160,7 @@ class _Zygote:
         self.lock = threading.Lock()
         self.ready = False
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tilesmith.zygote", str(theirs.fileno()), str(life_r)],
+            self.proc = subprocess.Popen([sys.executable, "-m", "tilesmith.launch.zygote", str(theirs.fileno()), str(life_r)],
                                          env=env, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=self._log,
                                          stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(), life_r),
                                          start_new_session=True)
@@ -291,7 +291,7 @@ def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, s
     stdout a pipe, a file or DEVNULL; stderr a pipe, STDOUT, a file or DEVNULL."""
     if rest or len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m":
         return None
-    from tilesmith import sandbox
+    from tilesmith.launch import sandbox
 
     key = _key(env)
     z = _zygote(env, key)

@@ -3,7 +3,7 @@ tuner's screening worker, the profile worker, replay, the agent's shell): a scru
 on Linux, an OS sandbox; plus the redaction of known secret values from anything sent or written.
 
 The sandbox is the `unshare` tool (new user, PID, mount, network, IPC and UTS namespaces) followed by this module
-run as a stage (`python -m tilesmith.sandbox SPEC -- ARGV`) that, inside the new namespaces, forks the
+run as a stage (stage.py, by path: `python -S -I stage.py SPEC -- ARGV`) that, inside the new namespaces, forks the
 command as the PID namespace's first process, mounts a private /proc (only the sandbox's processes),
 hides the user's home, TILESMITH_HOME, the system temp folder and any other hidden folders behind empty
 private file systems, binds back what the command must read (the interpreter, its packages, the graph
@@ -204,7 +204,7 @@ def wrap(argv: list[str], spec: Spec, force: bool = False) -> list[str]:
         return list(argv)
     full = _full_spec(spec)
     return ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts", "--propagation", "private", "--",
-            sys.executable, "-S", "-I", str(Path(__file__).with_name("sandbox_stage.py")), json.dumps(full.__dict__),
+            sys.executable, "-S", "-I", str(Path(__file__).with_name("stage.py")), json.dumps(full.__dict__),
             "--", *argv]
 
 
@@ -257,7 +257,7 @@ def _cache_dirs() -> list[str]:
 
 def _needed_paths() -> list[str]:
     """What the interpreter and its packages live in: bound back read-only where a hidden folder covers them."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).resolve().parents[2])}  # holds tilesmith/
     paths.update(p for p in sys.path if p and os.path.isdir(p))
     paths.update(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p))
     return sorted(os.path.realpath(p) for p in paths)
@@ -268,7 +268,7 @@ def _needed_paths() -> list[str]:
 def popen(argv: list[str], spec: Spec, env: dict | None = None, fork: bool = False, **kw):
     """Start argv in the sandbox, in its scratch folder, with `env` (default: the scrubbed environment).
 
-    fork=True: a `python -m MODULE ...` argv is forked from the zygote (tilesmith/zygote.py) into the same
+    fork=True: a `python -m MODULE ...` argv is forked from the zygote (zygote.py) into the same
     sandbox instead of a new interpreter importing torch again; the result then has the part of
     subprocess.Popen's interface a gate worker uses (pid, stdin, poll, wait, returncode). Where the zygote
     cannot serve it (another argv, other standard streams, no zygote), it starts the usual way."""
@@ -276,7 +276,7 @@ def popen(argv: list[str], spec: Spec, env: dict | None = None, fork: bool = Fal
     env = scrubbed_env(scratch, spec.devices == "basic") if env is None else env
     kw.setdefault("cwd", scratch)
     if fork:
-        from tilesmith import forked
+        from tilesmith.launch import forked
 
         p = forked.popen(argv, spec, env, **kw)
         if p is not None:

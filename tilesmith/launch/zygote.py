@@ -1,10 +1,10 @@
-"""Workers forked from an interpreter that has already imported torch: `python -m tilesmith.zygote SOCK_FD`.
+"""Workers forked from an interpreter that has already imported torch: `python -m tilesmith.launch.zygote SOCK_FD`.
 
 Starting a worker is mostly an interpreter importing torch and Inductor: about 3.6 s of CPU on the
 2-core VM, 12-13 s on the H200 host, several times per gate decision. The zygote pays that once per
 deciding process (and environment): it imports those modules and nothing else. It runs no graph, no
 wrapper, no candidate and no torch operator, and never touches CUDA. For each worker it forks a process
-(the keeper) that enters the same OS sandbox as `unshare` and tilesmith/sandbox_stage.py build (new
+(the keeper) that enters the same OS sandbox as `unshare` and stage.py build (new
 user, mount, network and PID namespaces, the same file-system view) and forks the namespace's first
 process, which runs `python -m MODULE ARGS` through runpy with the worker's own environment, working
 folder and file descriptors. No candidate code ever ran in any ancestor of a worker, so each is as
@@ -41,7 +41,7 @@ PRELOAD = ("torch", "torch._inductor.codecache", "tilesmith.loading", "torch._in
            "torch._inductor.utils", "torch._inductor.codegen.multi_kernel", "tilesmith.capture.tensors",
            "tilesmith.clock", "tilesmith.errors", "tilesmith.gate.patches", "tilesmith.gate.fingerprint",
            "tilesmith.gate.inputs", "tilesmith.gate.worker_outputs", "tilesmith.gate.worker_tensors",
-           "tilesmith.sandbox_stage")
+           "tilesmith.launch.stage")
 
 
 def _preload() -> tuple[str, str | None]:
@@ -94,7 +94,7 @@ def cuda_driver_state() -> str:
 
 def _enter_namespaces() -> None:
     """What `unshare --user --map-root-user --mount --pid --net --ipc --uts` does to its own process."""
-    from tilesmith import sandbox_stage as st
+    from tilesmith.launch import stage as st
 
     st.enter_user_namespace(st.CLONE_NEWNS | st.CLONE_NEWNET | st.CLONE_NEWPID | st.CLONE_NEWIPC | st.CLONE_NEWUTS)
 
@@ -167,9 +167,9 @@ def _run(req: dict, fds: list[int]) -> None:
         cwd = req["cwd"]
         os.chdir(cwd)
         if req.get("spec"):
-            from tilesmith import sandbox_stage
+            from tilesmith.launch import stage
 
-            sandbox_stage._setup(req["spec"], cwd)
+            stage._setup(req["spec"], cwd)
         _place_fds(fds, req["targets"])
         os.environ.clear()
         os.environ.update(req["env"])

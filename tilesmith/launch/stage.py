@@ -1,5 +1,5 @@
-"""The sandbox's second stage (see tilesmith/sandbox.py), run by `unshare` in new user, mount, PID and
-network namespaces: `python -S -I sandbox_stage.py SPEC_JSON -- ARGV`. Standard library only, and run
+"""The sandbox's second stage (see sandbox.py), run by `unshare` in new user, mount, PID and
+network namespaces: `python -S -I stage.py SPEC_JSON -- ARGV`. Standard library only, and run
 as a script, so it starts in milliseconds and imports nothing from the (writable) project.
 
 This process stays outside the new PID namespace (unshare without --fork): it dies with the process
@@ -95,7 +95,7 @@ def _lock():
 
 def enter_user_namespace(flags: int) -> None:
     """unshare(CLONE_NEWUSER | flags) and map root in it to this process's uid and gid: what `unshare
-    --user --map-root-user` does to its own process (also the zygote's keeper, tilesmith/zygote.py)."""
+    --user --map-root-user` does to its own process (also the zygote's keeper, zygote.py)."""
     uid, gid = os.geteuid(), os.getegid()
     if _libc.unshare(ctypes.c_int(CLONE_NEWUSER | flags)) != 0:
         e = ctypes.get_errno()
