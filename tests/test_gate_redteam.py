@@ -17,7 +17,7 @@ import pytest
 
 from tests import gate_helpers as h
 from tests import redteam
-from tilesmith.launch import sandbox
+from tilesmith.launch import sandbox, secrets
 from tilesmith.gate import Policy, judge, static
 
 KEY = "sk-redteam-" + "7" * 24
@@ -301,4 +301,4 @@ def test_sandbox_level_can_be_forced_to_env_only_and_a_bad_setting_is_a_usage_er
         sandbox.level()
     assert e.value.code == "usage"
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
-    assert sandbox.redact(f"key={KEY}.") == "key=[REDACTED]." and sandbox.redact_obj({"a": [KEY]}) == {"a": ["[REDACTED]"]}
+    assert secrets.redact(f"key={KEY}.") == "key=[REDACTED]." and secrets.redact_obj({"a": [KEY]}) == {"a": ["[REDACTED]"]}

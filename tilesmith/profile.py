@@ -15,8 +15,10 @@ from pathlib import Path
 
 from tilesmith import paths
 from tilesmith.launch import forked, sandbox
+from tilesmith.launch.secrets import redact, redact_obj
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.proc import calm_spares
+from tilesmith.workspace import graph_devices
 
 
 @dataclass
@@ -94,7 +96,7 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
         (Path(tmp) / "jobs.json").write_text(json.dumps(listing))
         cmd = [sys.executable, "-m", "tilesmith.profile_worker", "--batch", str(Path(tmp) / "jobs.json"), str(calls)]
         calm_spares()  # no gate worker may still be starting while this one measures
-        devices = sandbox.graph_devices(gdirs)
+        devices = graph_devices(gdirs)
         spec = sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs], devices=sandbox.devices_for(*devices))
         called = time.time()
         res = sandbox.run_json(cmd, spec, timeout_s, fork=forked.wanted_for(devices))
@@ -109,10 +111,10 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
     out = []
     for gdir, r in zip(gdirs, results):
         if isinstance(r, dict) and "error" in r:  # this graph failed in the worker; the others ran
-            out.append(TilesmithError(f"profiling {gdir.name[:12]} failed: {sandbox.redact(str(r['error']))}",
+            out.append(TilesmithError(f"profiling {gdir.name[:12]} failed: {redact(str(r['error']))}",
                                       code="profile-failed", hint=hint))
         else:
-            p = summarize(sandbox.redact_obj(r))
+            p = summarize(redact_obj(r))
             p.phases_s.update(process)
             out.append(p)
     return out

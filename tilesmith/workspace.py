@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tilesmith import paths
 from tilesmith.errors import TilesmithError
+from tilesmith.launch.secrets import redact
 
 WORKSPACE_FILE = "workspace.toml"
 WRAPPER_FILE = "wrapper.py"
@@ -121,6 +122,17 @@ def load_graph_json(gdir: Path | str) -> dict:
         raise TilesmithError(f"{paths.shown(f)} is corrupt: {e}", code="corrupt-graph", hint="capture again") from None
 
 
+def graph_devices(graph_dirs) -> list[str]:
+    """The torch device of each captured graph (graph.json); "unknown" for one that cannot be read."""
+    out = []
+    for g in graph_dirs:
+        try:
+            out.append(str(load_graph_json(g).get("device") or "cpu"))
+        except Exception:  # noqa: BLE001 - the worker itself reports the problem
+            out.append("unknown")
+    return out
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -130,6 +142,4 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, obj) -> None:
     """Atomically, with known secret values redacted (traces, verdicts and logs never hold a key)."""
-    from tilesmith.launch.sandbox import redact
-
     atomic_write_text(path, redact(json.dumps(obj, indent=2, sort_keys=True, default=str)) + "\n")

@@ -24,7 +24,7 @@ from tilesmith.launch import forked, sandbox
 from tilesmith.clock import WINDOW_MARK
 from tilesmith.gate import audit
 from tilesmith.gate.procfs import tree_cpu_ns
-from tilesmith.launch.sandbox import _SECRET
+from tilesmith.launch.secrets import is_secret, redact
 
 class WorkerFailure(Exception):
     """The worker crashed, hung, raised or answered nonsense; `code` is the gate's reason code."""
@@ -142,7 +142,7 @@ class Worker:
             raise self._fail("protocol", "the worker answered something that is not an object")
         if not d.get("ok"):
             self.close()
-            raise WorkerFailure(str(d.get("code") or "raised")[:40], sandbox.redact(str(d.get("error") or "failed"))[:800])
+            raise WorkerFailure(str(d.get("code") or "raised")[:40], redact(str(d.get("error") or "failed"))[:800])
         return d
 
     def cpu_ns(self) -> int:
@@ -208,7 +208,7 @@ class Worker:
             text = self.log_path.read_text(errors="replace").strip().splitlines()
         except OSError:
             return ""
-        return sandbox.redact(" | ".join(line.strip()[:200] for line in text[-lines:]))
+        return redact(" | ".join(line.strip()[:200] for line in text[-lines:]))
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -389,7 +389,7 @@ _LIVE: "weakref.WeakSet[Spares]" = weakref.WeakSet()
 
 
 def _env_fingerprint(device: str, readable: tuple = ()) -> str:
-    items = sorted((k, v) for k, v in os.environ.items() if not _SECRET.search(k))
+    items = sorted((k, v) for k, v in os.environ.items() if not is_secret(k))
     return hashlib.sha256(json.dumps([device, items, [str(p) for p in readable], sandbox.mode()]).encode()).hexdigest()
 
 

@@ -57,7 +57,7 @@ def wanted(device: str) -> bool:
 
 
 def wanted_for(devices: list[str]) -> bool:
-    """wanted() for a worker that runs captured graphs on these devices (sandbox.graph_devices)."""
+    """wanted() for a worker that runs captured graphs on these devices (workspace.graph_devices)."""
     return "unknown" not in devices and all(wanted(d) for d in devices)  # unreadable: started the usual way
 
 
@@ -284,15 +284,14 @@ def _output(value, default: int, name: str, reads: dict, opened: list) -> int:
     return fd
 
 
-def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, stderr=None,
+def popen(argv: list[str], sandbox_spec: dict | None, env: dict, cwd, stdin=None, stdout=None, stderr=None,
           pass_fds: tuple = (), text: bool = False, **rest) -> "Forked | None":
-    """argv forked from the zygote into `spec`'s sandbox, or None where it cannot be (the caller then starts
-    it the usual way): argv must be `sys.executable -m MODULE ...`; stdin a pipe, DEVNULL or a descriptor;
-    stdout a pipe, a file or DEVNULL; stderr a pipe, STDOUT, a file or DEVNULL."""
+    """argv forked from the zygote into the sandbox `sandbox_spec` describes (sandbox.py's full spec, as its stage
+    reads it; None at the env-only level), in `cwd`, or None where it cannot be (the caller then starts it the usual
+    way): argv must be `sys.executable -m MODULE ...`; stdin a pipe, DEVNULL or a descriptor; stdout a pipe, a file
+    or DEVNULL; stderr a pipe, STDOUT, a file or DEVNULL."""
     if rest or len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m":
         return None
-    from tilesmith.launch import sandbox
-
     key = _key(env)
     z = _zygote(env, key)
     if z is None:
@@ -313,9 +312,8 @@ def popen(argv: list[str], spec, env: dict, cwd=None, stdin=None, stdout=None, s
         fd_err = fd_out if stderr == subprocess.STDOUT else _output(stderr, 2, "err", reads, opened)
         status_r, status_w = os.pipe()
         opened.append(status_w)
-        full = sandbox._full_spec(spec).__dict__ if sandbox.level() == "namespaces" else None
-        req = {"module": argv[2], "args": list(argv[3:]), "env": env, "cwd": os.path.realpath(str(cwd or spec.scratch)),
-               "spec": full, "targets": [0, 1, 2, *pass_fds]}
+        req = {"module": argv[2], "args": list(argv[3:]), "env": env, "cwd": os.path.realpath(str(cwd)),
+               "spec": sandbox_spec, "targets": [0, 1, 2, *pass_fds]}
         try:
             pid = z.spawn(req, [fd_in, fd_out, fd_err, *pass_fds, status_w])
         except (OSError, ValueError) as e:

@@ -1,6 +1,6 @@
 """The one launcher for every process tilesmith starts that runs code it did not write (gate workers, the
 tuner's screening worker, the profile worker, replay, the agent's shell): a scrubbed environment and,
-on Linux, an OS sandbox; plus the redaction of known secret values from anything sent or written.
+on Linux, an OS sandbox (secrets.py: what is secret, and its redaction).
 
 The sandbox is the `unshare` tool (new user, PID, mount, network, IPC and UTS namespaces) followed by this module
 run as a stage (stage.py, by path: `python -S -I stage.py SPEC -- ARGV`) that, inside the new namespaces, forks the
@@ -33,39 +33,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilesmith.launch.secrets import is_secret, redact
+
 LEVELS = ("namespaces", "env-only")
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT", re.I)
-_MIN_SECRET_CHARS = 8  # shorter values ("1", "true") would redact ordinary text
-
-
-# -- secrets ---------------------------------------------------------------------------------------
-
-def secret_values(environ=None) -> list[str]:
-    """Values of this process's environment variables whose names look secret, longest first."""
-    env = os.environ if environ is None else environ
-    vals = {v for k, v in env.items() if _SECRET.search(k) and len(v.strip()) >= _MIN_SECRET_CHARS}
-    return sorted(vals, key=len, reverse=True)
-
-
-def redact(text):
-    """`text` with every known secret value replaced by [REDACTED]; non-strings pass through."""
-    if not isinstance(text, str) or not text:
-        return text
-    for v in secret_values():
-        if v in text:
-            text = text.replace(v, "[REDACTED]")
-    return text
-
-
-def redact_obj(obj):
-    """Redact every string inside a JSON-like object (dicts, lists, strings)."""
-    if isinstance(obj, str):
-        return redact(obj)
-    if isinstance(obj, dict):
-        return {k: redact_obj(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [redact_obj(v) for v in obj]
-    return obj
 
 
 # -- environment -----------------------------------------------------------------------------------
@@ -89,7 +59,7 @@ def scrubbed_env(tmp: Path, cpu_kernels: bool = True) -> dict:
     whether it may skip Inductor's CPU vector-ISA probe: finding that out builds a C++ program per ISA in
     this process, seconds on a warm cache and up to a minute on a cold one (an H200 host), for nothing
     such a worker uses (a C++ kernel it meets after all probes as usual)."""
-    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k)}
+    env = {k: v for k, v in os.environ.items() if not is_secret(k)}
     caches = shared_caches()
     env["TORCHINDUCTOR_CACHE_DIR"] = caches["TORCHINDUCTOR_CACHE_DIR"]
     # Inductor keeps precompiled C++ headers under the *temp* dir's default cache, whatever
@@ -213,19 +183,6 @@ def devices_for(*devices: str) -> str:
     return "basic" if devices and all(str(d).startswith("cpu") for d in devices) else "all"
 
 
-def graph_devices(graph_dirs) -> list[str]:
-    """The torch device of each captured graph (graph.json); "unknown" for one that cannot be read."""
-    from tilesmith.workspace import load_graph_json
-
-    out = []
-    for g in graph_dirs:
-        try:
-            out.append(str(load_graph_json(g).get("device") or "cpu"))
-        except Exception:  # noqa: BLE001 - the worker itself reports the problem
-            out.append("unknown")
-    return out
-
-
 def _full_spec(spec: Spec) -> Spec:
     """spec with what every sandbox adds: the interpreter's paths, the default hidden folders, the caches."""
     base = [os.path.realpath(p) for p in _default_hidden()]
@@ -278,7 +235,8 @@ def popen(argv: list[str], spec: Spec, env: dict | None = None, fork: bool = Fal
     if fork:
         from tilesmith.launch import forked
 
-        p = forked.popen(argv, spec, env, **kw)
+        full = _full_spec(spec).__dict__ if level() == "namespaces" else None
+        p = forked.popen(argv, full, env, **kw)
         if p is not None:
             return p
     return subprocess.Popen(wrap(argv, spec), env=env, start_new_session=True, **kw)

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilesmith.launch import forked, sandbox
+from tilesmith.launch.secrets import redact_obj
 from tilesmith.gate.proc import calm_spares
+from tilesmith.workspace import graph_devices
 
 
 @dataclass
@@ -37,7 +39,7 @@ def screen(graph_dir: str | Path, sources: list[tuple[str, str]], *, budget_s: f
         spec = Path(tmp) / "spec.json"
         spec.write_text(json.dumps({"graph_dir": str(graph_dir), "sources": files, "budget_s": budget_s}))
         calm_spares()  # no gate worker may still be starting while the variants are timed
-        devices = sandbox.graph_devices([graph_dir])
+        devices = graph_devices([graph_dir])
         res = sandbox.run_json([sys.executable, "-m", "tilesmith.search.measure_worker", str(spec)],
                                sandbox.Spec(scratch=tmp, readable=[str(graph_dir)], devices=sandbox.devices_for(*devices)),
                                timeout_s, fork=forked.wanted_for(devices))
@@ -45,7 +47,7 @@ def screen(graph_dir: str | Path, sources: list[tuple[str, str]], *, budget_s: f
         return [Screen(label, None, [], f"screening timed out after {timeout_s:.0f} s") for label, _ in sources]
     if res.returncode != 0 or res.reply is None:
         return [Screen(label, None, [], f"worker failed: {res.tail}") for label, _ in sources]
-    raw = sandbox.redact_obj(res.reply)
+    raw = redact_obj(res.reply)
     out = []
     for (label, _), r in zip(sources, raw["results"]):
         ms = [ns / 1e6 for ns in r["ns"]]

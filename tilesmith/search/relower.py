@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tilesmith.launch import forked, sandbox
 from tilesmith.capture import repro
-from tilesmith.workspace import load_graph_json
+from tilesmith.workspace import graph_devices, load_graph_json
 
 WHOLE_GRAPH = "(whole graph)"
 LABEL_PREFIX = "re-lowered: "
@@ -169,7 +169,7 @@ def _start(graph_dir, v: Variant, base: Path) -> subprocess.Popen:
                                                 "out": str(base / "wrapper.py")}))
     # Through the one launcher (the OS sandbox, the scrubbed environment, which also sets
     # TORCHINDUCTOR_COMPILE_THREADS=1: parallelism comes from the workers, not pools inside each).
-    devices = sandbox.graph_devices([graph_dir])
+    devices = graph_devices([graph_dir])
     return sandbox.popen([sys.executable, "-m", "tilesmith.search.relower_worker", str(base / "spec.json")],
                          sandbox.Spec(scratch=str(base), readable=[str(graph_dir)], devices=sandbox.devices_for(*devices)),
                          fork=forked.wanted_for(devices),

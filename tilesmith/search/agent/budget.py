@@ -85,9 +85,9 @@ class BudgetMiddleware(AgentMiddleware):
 
 
 def redacted(request: ModelRequest) -> ModelRequest:
-    """The request with known secret values removed from every message (tilesmith.launch.sandbox.redact): the
+    """The request with known secret values removed from every message (tilesmith.launch.secrets.redact): the
     last line of defence, in every agent's stack, before anything reaches the model."""
-    from tilesmith.launch.sandbox import redact_obj, secret_values
+    from tilesmith.launch.secrets import redact_obj, secret_values
 
     if not secret_values():
         return request

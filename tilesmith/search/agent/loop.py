@@ -33,7 +33,7 @@ from tilesmith.errors import TilesmithError
 from tilesmith.search.agent.budget import BLOCKED_PREFIX, BudgetExhausted, ModelCallBudget, SummaryBudgetCallback
 from tilesmith.search.agent.provider import Provider
 from tilesmith.search import Candidate
-from tilesmith.launch.sandbox import redact
+from tilesmith.launch.secrets import redact
 from tilesmith.workspace import write_json
 
 RECURSION_LIMIT = 10**9  # no hidden step cap, inside a turn or across turns: the budget is the bound

@@ -16,6 +16,7 @@ from deepagents.backends import LocalShellBackend
 from deepagents.backends.protocol import ExecuteResponse
 
 from tilesmith.launch import sandbox
+from tilesmith.launch.secrets import redact
 
 # Variables the shell may inherit: what running Python/Triton/CUDA needs, nothing that can carry a secret.
 PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "LANG", "LC_ALL",
@@ -86,7 +87,7 @@ class GroupKillShellBackend(LocalShellBackend):
         else:
             # The command finished; anything it left running in the background goes too.
             sandbox.kill(proc.pid)
-        out = sandbox.redact((raw or b"").decode("utf-8", "replace"))  # defence in depth: no known secret leaves
+        out = redact((raw or b"").decode("utf-8", "replace"))  # defence in depth: no known secret leaves
         cap = self._max_output_bytes
         truncated = len(out.encode()) > cap
         if truncated:  # keep the end: errors and results are printed last

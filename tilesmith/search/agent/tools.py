@@ -108,7 +108,7 @@ def make_tools(state, settings) -> list:
 def _redacting(fn):
     import functools
 
-    from tilesmith.launch.sandbox import redact
+    from tilesmith.launch.secrets import redact
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
