@@ -405,15 +405,15 @@ def ops_dict_entry(text: str) -> str:
     """The worker's op table entry "time" replaced in place (the table itself stays the same dict): the candidate's
     samples report 60 %. Accepted at 1.65x before the worker guard."""
     """Replaces the worker's OPS["time"] entry (a dict item of the worker module: the module's attribute
-    OPS is the same dict object, so gate.patches sees nothing) with a wrapper that shortens the
-    candidate's samples to 60 %. The worker module is sys.modules['__main__'], sys reached as an
+    OPS is the same dict object, so gate.worker.patches sees nothing) with a wrapper that shortens the
+    candidate's samples to 60 %. The worker module is sys.modules['tilesmith.gate.worker.serve'], sys reached as an
     attribute of a torch module."""
     return _insert_before_runner(text, '''
 import torch._dynamo.utils
 
 
 def _find_ops():
-    m = torch._dynamo.utils.sys.modules.get("__main__")
+    m = torch._dynamo.utils.sys.modules.get("tilesmith.gate.worker.serve")
     ops = getattr(m, "OPS", None)
     if isinstance(ops, dict) and "time" in ops:
         return ops
@@ -440,14 +440,14 @@ if _ops is not None and not hasattr(_ops["time"], "rtmark"):
 
 
 def clock_code_swap(text: str) -> str:
-    """The code of `tilesmith.clock.timed` swapped in place (`__code__`, through unittest.mock; the function object
+    """The code of `tilesmith.gate.clock.timed` swapped in place (`__code__`, through unittest.mock; the function object
     stays): a window in which its own calls ran reports 60 %. Accepted at 1.68x before the worker guard."""
     text = _insert_before_runner(text, '''
 import operator
 import torch._dynamo.utils
 from unittest import mock as _mock
 
-_clock = torch._dynamo.utils.sys.modules.get("tilesmith.clock")
+_clock = torch._dynamo.utils.sys.modules.get("tilesmith.gate.clock")
 
 
 def _fake_timed(thunk, n, sync, after_call=None):
@@ -526,15 +526,15 @@ def _no_change(st):
 
 
 _mods = torch._dynamo.utils.sys.modules
-if "tilesmith.gate.patches" in _mods and "tilesmith.gate.fingerprint" in _mods:
-    for _old, _new in ((_mods["tilesmith.gate.patches"].replaced, _nothing_replaced),
-                       (_mods["tilesmith.gate.fingerprint"]._state_change, _no_change)):
+if "tilesmith.gate.worker.patches" in _mods and "tilesmith.gate.worker.fingerprint" in _mods:
+    for _old, _new in ((_mods["tilesmith.gate.worker.patches"].replaced, _nothing_replaced),
+                       (_mods["tilesmith.gate.worker.fingerprint"]._state_change, _no_change)):
         _mock.patch.object(_old, "__code__", operator.attrgetter("__code__")(_new)).start()
 ''')
 
 
 def restores_its_patch_before_the_check(text: str) -> str:
-    """Each call sets `tilesmith.clock._perf_ns` (the clock `clock.timed` reads when its window ends) to a fake
+    """Each call sets `tilesmith.gate.clock._perf_ns` (the clock `clock.timed` reads when its window ends) to a fake
     that takes 40 % off the time since it was set and puts the real clock back as it answers: the worker
     guard, which compares the worker's globals after the request, finds them as recorded. Armed only inside a
     timed window. A time-of-check, time-of-use hole in the guard: the window's end read a global after candidate
@@ -543,7 +543,7 @@ def restores_its_patch_before_the_check(text: str) -> str:
 import operator
 import torch._dynamo.utils
 
-_clock = torch._dynamo.utils.sys.modules.get("tilesmith.clock")
+_clock = torch._dynamo.utils.sys.modules.get("tilesmith.gate.clock")
 _real = operator.attrgetter("_perf_ns")(_clock) if _clock is not None else None
 _sys = torch._dynamo.utils.sys
 
@@ -794,7 +794,7 @@ def _planned(runner, req, st, memo):
     """Every timed call's outputs for the sample `req` asks for, computed now into `memo` by the addresses of the
     buffers each call will read: those buffers' coming values rebuilt in copies with the worker's own refill."""
     memo.clear()
-    worker = _sys.modules["__main__"]
+    worker = _sys.modules["tilesmith.gate.worker.serve"]
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     bufs = st.bufs[role]
     for i in range(reps):
@@ -914,7 +914,7 @@ _request, _plan, _answer = _make()
 def fills_its_outputs_through_the_dispatcher(text: str) -> str:
     """`fills_its_outputs_when_checked` again, through torch's dispatcher instead of a Python attribute: at its
     first load it registers a Python kernel for `aten::detach` on the CPU key (torch.library, a public API; the
-    kernel table is in C++, in no namespace the guard or gate.patches records, and torch's own C methods the
+    kernel table is in C++, in no namespace the guard or gate.worker.patches records, and torch's own C methods the
     digest calls, PRIMS, dispatch to it; _DisableTorchDispatch switches off the Python key only). In the timed
     instance (its second load) every call after the first returns a plain uncomputed tensor of the right layout
     and notes its inputs; the kernel, called by the worker's digest on the kept call's and the last call's outputs
@@ -1068,7 +1068,7 @@ _note = _make()
 
 def swaps_the_snapshots_code_and_puts_it_back(text: str) -> str:
     """The timed instance's calls inside the window return uncomputed plain tensors of the right layout (noting
-    which inputs each was for), and replace the code of the worker's own `snapshot` (tilesmith.gate.worker_tensors:
+    which inputs each was for), and replace the code of the worker's own `snapshot` (tilesmith.gate.worker.tensors:
     the function object the window holds stays the same, its `__code__` changes) with one that first computes the
     outputs it is handed, right, then puts the original code back and runs it. Only the reservoir's kept call and
     the last call are ever snapshotted: those are computed, no other. When the request ends the original code is
@@ -1076,7 +1076,7 @@ def swaps_the_snapshots_code_and_puts_it_back(text: str) -> str:
     text = text.replace("    def call(self, args):\n", _NOTED_WHEN_TIMED, 1)
     return _insert_before_runner(text, _FRAMES + '''import zlib as _zlib
 
-_wt = _sys.modules["tilesmith.gate.worker_tensors"]
+_wt = _sys.modules["tilesmith.gate.worker.tensors"]
 _code = _ag("__code__")
 # Where the code below, run with worker_tensors' globals, finds what it needs: that module imports zlib.
 _zlib.rt_noted = {}  # id of an uncomputed output -> (runner, output, its inputs)
@@ -1176,7 +1176,7 @@ def fills_its_outputs_from_a_signal_handler(text: str) -> str:
     `last` is set) it computes the reservoir's kept call and the last call into the tensors it handed out, disarms the
     timer and puts the default handler back, all before the request ends: the worker's checks after it find nothing
     left (issue 35: accepted 4 of 4, 20-55x). Once the candidate has loaded, the kernel refuses the handler
-    (gate/seccomp.py): the call that asks raises."""
+    (gate/worker/seccomp.py): the call that asks raises."""
     text = text.replace("    def call(self, args):\n", _NOTED_WHEN_TIMED, 1)
     return _insert_before_runner(text, _FRAMES + '''def _make():
     noted = {}  # id of an uncomputed output -> (runner, output, its inputs)

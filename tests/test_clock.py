@@ -1,4 +1,4 @@
-"""tilesmith.clock: the timed loop the screens share (measure worker, profile worker, kernel bench), on real
+"""tilesmith.gate.clock: the timed loop the screens share (measure worker, profile worker, kernel bench), on real
 torch calls. No assertion rests on how long anything took."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tilesmith import clock  # noqa: E402
+from tilesmith.gate import clock  # noqa: E402
 
 
 class _Counting:

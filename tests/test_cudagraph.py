@@ -47,7 +47,7 @@ def test_a_reduce_overhead_original_is_timed_through_the_trees_against_a_candida
         inference_ws, tmp_path):
     """The gate's timing modes per role for a graph compiled with CUDA graphs (graph mode): a candidate that
     replays itself runs as plain calls of its replay, the original through Inductor's cudagraph trees (as the
-    program runs it; gate/worker_trees.py), a best-so-far that replays itself as plain calls too. A candidate
+    program runs it; gate/worker/trees.py), a best-so-far that replays itself as plain calls too. A candidate
     that does not replay itself, with no graph.json given: both in graph mode (with it: the next test). (The
     trees run on the GPU: tests/gpu.)"""
     from tilesmith.gate import _modes
@@ -111,7 +111,7 @@ def test_trees_mode_refuses_a_graph_that_updates_its_inputs_and_fits_this_torchs
     (nothing is recorded until the first call, which needs CUDA)."""
     import pytest
 
-    from tilesmith.gate.worker_trees import tree_function, tree_thunks
+    from tilesmith.gate.worker.trees import tree_function, tree_thunks
 
     gdir = h.graph_of(inference_ws)
     data = loading.load_graph_data(gdir)

@@ -1,4 +1,4 @@
-"""The gate worker's audit hook (tilesmith/gate/audit.py): what it refuses, how the refusal reaches the deciding
+"""The gate worker's audit hook (tilesmith/gate/worker/audit.py): what it refuses, how the refusal reaches the deciding
 process, and that a candidate which swallows the refusal is still rejected. The hook cannot be removed once added,
 so it is only ever installed in a process of its own."""
 
@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 
 from tests import gate_helpers as h
-from tilesmith.gate import Policy, audit, judge, static
+from tilesmith.gate import Policy, judge, static
+from tilesmith.gate.worker import audit
 
 ROOT = Path(__file__).resolve().parent.parent
 
 _PROBE = r'''
 import gc, json, socket, sys
-from tilesmith.gate import audit
+from tilesmith.gate.worker import audit
 
 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 

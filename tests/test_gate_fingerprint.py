@@ -1,4 +1,4 @@
-"""The gate worker's process-state fingerprint (gate/fingerprint.py): settings a candidate could leave behind to
+"""The gate worker's process-state fingerprint (gate/worker/fingerprint.py): settings a candidate could leave behind to
 slow down, or change the numerics of, code that runs after it in its worker (the original timed beside it)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tilesmith.gate.fingerprint import _state_change, process_state
+from tilesmith.gate.worker.fingerprint import _state_change, process_state
 
 
 class _PassThrough(TorchFunctionMode):

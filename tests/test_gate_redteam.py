@@ -57,7 +57,7 @@ CHEATS = [
     # watched like the clock that makes them (before, this cheat's A/A was accepted at 1.6x).
     (redteam.reports_a_shorter_time, "process-state", "load"),
     (redteam.defers_its_work_to_lazy_outputs, "output-type", "timing"),
-    # The worker's own code and state, checked from its main loop's frame (gate/worker_guard.py).
+    # The worker's own code and state, checked from its main loop's frame (gate/worker/guard.py).
     (redteam.encoder_instance_encode, "not-faster", "timing"),
     (redteam.ops_dict_entry, "process-state", "load"),
     (redteam.clock_code_swap, "process-state", "load"),
@@ -115,7 +115,7 @@ NEW_CHEATS = [
 ]
 
 
-# Session 20: what the worker's audit hook (tilesmith/gate/audit.py) refuses, by cheats that need it.
+# Session 20: what the worker's audit hook (tilesmith/gate/worker/audit.py) refuses, by cheats that need it.
 AUDIT_CHEATS = [
     # The worker's own `snapshot` given, in place, code that computes the outputs it is handed and puts the original
     # back: only the reservoir's kept call and the last call are computed. Accepted with the audit hook switched off
@@ -128,7 +128,7 @@ AUDIT_CHEATS = [
     (redteam.fills_its_outputs_from_the_states_setattr, "protocol", "timing"),  # filled after the digest
 ]
 
-# Issue 35: what only the kernel can refuse once the candidate has loaded (gate/seccomp.py).
+# Issue 35: what only the kernel can refuse once the candidate has loaded (gate/worker/seccomp.py).
 KERNEL_CHEATS = [
     # A SIGALRM handler installed and armed in the first timed call fills the kept and last outputs after the window
     # and removes itself before the request ends (accepted 4 of 4 at 20-55x before the filter): the call that asks

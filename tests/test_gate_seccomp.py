@@ -1,4 +1,4 @@
-"""The gate worker's seccomp filter (tilesmith/gate/seccomp.py): once installed, the kernel refuses a signal handler
+"""The gate worker's seccomp filter (tilesmith/gate/worker/seccomp.py): once installed, the kernel refuses a signal handler
 and an armed timer to everything in the process, ctypes included, and lets through what kernels and the worker need.
 A filter cannot be removed, so it is only ever installed in a process of its own."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tilesmith.gate import seccomp
+from tilesmith.gate.worker import seccomp
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"),
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.machine
 
 _PROBE = r'''
 import ctypes, json, signal, threading, torch
-from tilesmith.gate import seccomp
+from tilesmith.gate.worker import seccomp
 
 torch.randn(256, 256) @ torch.randn(256, 256)  # the thread pool up, as in a worker after its loads
 out = {"why": seccomp.install()}

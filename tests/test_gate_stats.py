@@ -346,7 +346,7 @@ def test_a_kept_timed_sample_must_name_a_drawn_call_and_the_last_with_their_outp
 
     from tilesmith.gate.timed import _kept_ok
     from tilesmith.gate.timing import CheckedSample
-    from tilesmith.gate.worker_tensors import outputs_digest
+    from tilesmith.gate.worker.tensors import outputs_digest
 
     outs = [[torch.arange(6.0).reshape(2, 3)], [torch.ones(2, 3)]]
     s = CheckedSample(12, [0], 7, outputs_digest(outs))
@@ -363,7 +363,7 @@ def test_a_kept_timed_sample_must_name_a_drawn_call_and_the_last_with_their_outp
 def test_the_kept_outputs_digest_sees_every_value_and_is_the_same_for_a_copy():
     import torch
 
-    from tilesmith.gate.worker_tensors import _to_cpu, outputs_digest
+    from tilesmith.gate.worker.tensors import _to_cpu, outputs_digest
 
     base = torch.randn(4, 6).to(torch.bfloat16)
     cases = [[base, base.t(), base[1:, ::2], torch.tensor(3), torch.empty(0, 2), None, 7]]

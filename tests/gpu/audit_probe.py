@@ -1,6 +1,6 @@
 """Evidence for the gate worker's audit hook: which function attributes library code sets on an honest load and
 launch path. For each captured graph under the given folders, a fresh process set up as a gate worker is (torch,
-Inductor's runtime and the device warmed by gate.worker_warm) records every `object.__setattr__`/`__delattr__` of a
+Inductor's runtime and the device warmed by gate.worker.warm) records every `object.__setattr__`/`__delattr__` of a
 function's `__code__`, `__defaults__` or `__kwdefaults__` while it loads the original wrapper and calls it three
 times, then its whole-call replay (CUDA): the attribute, the function's module and name, whether the function
 existed before the load (a swap) or was made during it (a new function), and where the set happened.
@@ -23,7 +23,7 @@ CHILD = r"""
 import collections, gc, json, sys, types
 sys.path.insert(0, ROOT)
 import torch
-from tilesmith.gate.worker_warm import warm_device, warm_inductor
+from tilesmith.gate.worker.warm import warm_device, warm_inductor
 device = "cuda" if torch.cuda.is_available() else "cpu"
 warm_inductor(device); warm_device(device)
 from tilesmith import loading

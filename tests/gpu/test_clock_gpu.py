@@ -1,4 +1,4 @@
-"""tilesmith.clock on CUDA: the device of CUDA arguments, and a sync that waits for every stream."""
+"""tilesmith.gate.clock on CUDA: the device of CUDA arguments, and a sync that waits for every stream."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tilesmith import clock  # noqa: E402
+from tilesmith.gate import clock  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

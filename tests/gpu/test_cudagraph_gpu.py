@@ -418,10 +418,10 @@ def test_gpu_gate_accepts_the_graphed_wrapper_of_a_launch_bound_graph(launch_gra
 
 
 def test_gpu_trees_mode_reads_the_refilled_inputs_in_place_and_gives_the_plain_outputs(launch_graph):
-    """The gate's trees mode (gate/worker_trees.py): the original through Inductor's cudagraph trees with
+    """The gate's trees mode (gate/worker/trees.py): the original through Inductor's cudagraph trees with
     every input static, one buffer set refilled between samples: each call sees the values just written
     (no stale copy in the trees' own placeholders) and gives the plain call's outputs."""
-    from tilesmith.gate.worker_trees import tree_thunks
+    from tilesmith.gate.worker.trees import tree_thunks
 
     data, plain, _ = _modules(launch_graph)
     bufs = _fresh(data.inputs, 0)
@@ -441,7 +441,7 @@ def test_gpu_trees_mode_with_inductors_static_marks_copies_the_others_in_from_ea
     those static, one thunk per buffer set: each call copies its own set's other inputs in (as the program's
     trees do) and gives the plain call's outputs on that set, refilled between samples."""
     from tilesmith.gate.inputs import parameter_indices, trees_static
-    from tilesmith.gate.worker_trees import tree_thunks
+    from tilesmith.gate.worker.trees import tree_thunks
 
     data, plain, _ = _modules(launch_graph)
     static = trees_static(data.meta)

@@ -96,7 +96,7 @@ def test_gpu_gate_rejects_work_left_running_between_calls(cuda_graph, tmp_path, 
                          ids=["json-dumps", "clock-code", "op-table", "lazy-outputs", "self-restoring", "frame-locals",
                               "blinded-check"])
 def test_gpu_gate_rejects_forged_numbers_on_cuda(cuda_graph, tmp_path, monkeypatch, maker, code):
-    """The worker guard, the plain-tensor rule and the parent's own measure of each window (gate/worker_guard.py,
+    """The worker guard, the plain-tensor rule and the parent's own measure of each window (gate/worker/guard.py,
     worker.op_time, the parent's own clock in gate/windows.py) on a CUDA worker: each cheat is on the original's own code, so any
     acceptance is a forged speedup."""
     v = _judged_screen_off(cuda_graph, maker, tmp_path, monkeypatch)

@@ -63,7 +63,7 @@ def _modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None, meta: di
     with CUDA graphs; a candidate that replays itself (the runtime turns Inductor's CUDA graphs off for a
     graph whose artifact does) is timed as plain calls of its own replay: each the way it would run. The
     original it replaces then runs as the program would run it, through Inductor's cudagraph trees
-    (gate/worker_trees.py); a bare replay where the trees cannot be set up."""
+    (gate/worker/trees.py); a bare replay where the trees cannot be set up."""
     if mode != "graph":
         return {}
     if not own_replay(raw.decode(errors="replace")):

@@ -21,8 +21,8 @@ import weakref
 from pathlib import Path
 
 from tilesmith.launch import forked, sandbox
-from tilesmith.clock import WINDOW_MARK
-from tilesmith.gate import audit
+from tilesmith.gate.clock import WINDOW_MARK
+from tilesmith.gate.worker import audit
 from tilesmith.gate.procfs import tree_cpu_ns
 from tilesmith.launch.secrets import is_secret, redact
 
@@ -183,7 +183,7 @@ class Worker:
                 if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
                     sec, ns = struct.unpack("qq", raw[:16])
                     ts = sec * 1_000_000_000 + ns
-            if data.startswith(audit.REFUSAL):  # the worker's audit hook refused something (gate/audit.py)
+            if data.startswith(audit.REFUSAL):  # the worker's audit hook refused something (gate/worker/audit.py)
                 self.refused += audit.refusals([data])
                 continue
             out.append(ts if data == WINDOW_MARK else -1)

@@ -83,7 +83,7 @@ def program_gap_ns(meta: dict, device: str, policy) -> int:
         us = float(gap.get("host_us") or 0.0)
     except (TypeError, ValueError):
         return 0
-    from tilesmith.clock import MAX_GAP_NS
+    from tilesmith.gate.clock import MAX_GAP_NS
 
     return int(min(max(us * 1e3, 0.0), MAX_GAP_NS))
 
@@ -208,7 +208,7 @@ def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets:
 def _kept_ok(g, s, reps: int) -> bool:
     """A kept sample as the worker records it: its start, [a drawn call, the last call], an output list each,
     and those outputs the ones the worker's digest bound when the sample ended (CheckedSample `s`)."""
-    from tilesmith.gate.worker_tensors import outputs_digest
+    from tilesmith.gate.worker.tensors import outputs_digest
 
     try:
         calls, outs = g["calls"], g["outputs"]

@@ -5,7 +5,7 @@ the sample's window opens and closes (proc._mark_socket). The number the worker 
 A sample's time is its marked window. The span from its request to that window holds the same work for every role
 (reading the request, refilling the same buffers with the same values, synchronising the device), and nothing of the
 candidate's can run there: no profile or trace function (the audit hook refuses one), no finalizer (the collector is
-off), no signal handler (none can be installed once the candidate has loaded: gate/seccomp.py), and no thread, mode
+off), no signal handler (none can be installed once the candidate has loaded: gate/worker/seccomp.py), and no thread, mode
 or dispatcher kernel left by the warm-up (worker.op_time checks before the refill). That span is not compared between
 processes: honest spans differ by hundreds of microseconds to milliseconds between two workers on a loaded machine
 (an A/A candidate's came 278 us later than the original's at the median on an H100 shared with other gate jobs, and

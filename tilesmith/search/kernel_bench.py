@@ -52,7 +52,7 @@ class _Timed:
         self._inner, self._row, self._sync = inner, row, sync
 
     def _timed(self, fn, args, kwargs):
-        from tilesmith import clock
+        from tilesmith.gate import clock
 
         if not self._row.arg_shapes:
             self._row.arg_shapes = [tuple(a.shape) for a in args if hasattr(a, "shape")][:8]
@@ -91,7 +91,8 @@ def bench(source: str, graph_dir: str | Path, calls: int = 10) -> Bench:
 
     import torch
 
-    from tilesmith import clock, loading
+    from tilesmith import loading
+    from tilesmith.gate import clock
     from tilesmith.search.kernels import find_kernels
     from tilesmith.source import split_header
 

@@ -8,7 +8,8 @@ import time
 
 import torch
 
-from tilesmith import clock, loading
+from tilesmith import loading
+from tilesmith.gate import clock
 
 
 def main(spec_file: str) -> dict:

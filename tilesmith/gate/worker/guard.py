@@ -1,6 +1,6 @@
 """The gate worker's own code and state, checked after every request by code the candidate cannot change.
 
-gate.patches compares the attributes of watched namespaces, but it is Python code living in the process that
+gate.worker.patches compares the attributes of watched namespaces, but it is Python code living in the process that
 runs the candidate: a red team replaced the *code* of functions in place (`fn.__code__`, which keeps the function
 object), an entry of the worker's op table, an instance attribute of json's default encoder and of the reply
 pipe's file object, and the code of the checks themselves; each made the numbers that reach the deciding process
@@ -125,10 +125,11 @@ def _unencodable(o):
     raise TypeError(f"a gate worker's reply holds a {type(o).__name__}, which JSON cannot hold")
 
 
-MODULES = ("__main__", "tilesmith.clock", "tilesmith.gate.worker_tensors", "tilesmith.gate.worker_outputs",
-           "tilesmith.gate.worker_trees", "tilesmith.gate.worker_warm", "tilesmith.gate.patches",
-           "tilesmith.gate.fingerprint", "tilesmith.gate.worker_guard", "json", "json.encoder", "json.decoder",
-           "json.scanner")
+# The worker runs as `python -m tilesmith.gate.worker`: __main__ is the package's __main__.py, serve.py the worker.
+MODULES = ("__main__", "tilesmith.gate.worker.serve", "tilesmith.gate.worker.state", "tilesmith.gate.clock",
+           "tilesmith.gate.worker.tensors", "tilesmith.gate.worker.outputs", "tilesmith.gate.worker.trees",
+           "tilesmith.gate.worker.warm", "tilesmith.gate.worker.patches", "tilesmith.gate.worker.fingerprint",
+           "tilesmith.gate.worker.guard", "json", "json.encoder", "json.decoder", "json.scanner")
 
 
 def build(tables: list[dict]) -> Guard:

@@ -5,14 +5,10 @@ so the device synchronisation bound here is torch's own."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from tilesmith.gate.worker_tensors import _as_list, _refill, _to_cpu, _to_device
-
-if TYPE_CHECKING:
-    from tilesmith.gate.worker import State
+from tilesmith.gate.worker.state import State
+from tilesmith.gate.worker.tensors import _as_list, _refill, _to_cpu, _to_device
 
 
 def _on_cuda(st: State) -> bool:
@@ -128,7 +124,7 @@ def _poison(device: str) -> None:
 
 def op_ref64(st: State, req: dict) -> dict:
     """Run the FX program of the header in float64 on every set; unavailable is an answer, not an error."""
-    from tilesmith.gate.reference import run_fx_float64
+    from tilesmith.gate.worker.reference import run_fx_float64
 
     sets = torch.load(req["sets_file"], weights_only=True)
     try:

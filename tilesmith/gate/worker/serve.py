@@ -1,4 +1,4 @@
-"""The gate's worker: `python -m tilesmith.gate.worker RESULT_FD`. Runs wrapper code, never decides.
+"""The gate's worker: `python -m tilesmith.gate.worker RESULT_FD` runs main() here. Runs wrapper code, never decides.
 
 Requests arrive as JSON lines on stdin; each reply is one JSON line on the private pipe RESULT_FD.
 Bulk results (outputs, inputs after the call) go to torch.save files the deciding process reads with
@@ -24,13 +24,14 @@ _STARTUP_S = 0.0  # seconds from this module's first line to the first request i
 import torch  # noqa: E402
 
 from tilesmith.capture.tensors import span_numel  # noqa: E402
-from tilesmith import clock  # noqa: E402
-from tilesmith.gate import audit, patches, seccomp, worker_guard  # noqa: E402
-from tilesmith.gate.fingerprint import _state_change, process_state  # noqa: E402
+from tilesmith.gate import clock  # noqa: E402
+from tilesmith.gate.worker import audit, guard, patches, seccomp  # noqa: E402
+from tilesmith.gate.worker.fingerprint import _state_change, process_state  # noqa: E402
 from tilesmith.gate.inputs import parameter_indices, trees_static  # noqa: E402
-from tilesmith.gate.worker_outputs import _call, op_outputs, op_ref64  # noqa: E402
-from tilesmith.gate.worker_tensors import PRIMS, _refill, _to_cpu, _to_device, outputs_digest, snapshot as _snapshot  # noqa: E402
-from tilesmith.gate.worker_warm import warm_device, warm_inductor  # noqa: E402
+from tilesmith.gate.worker.outputs import _call, op_outputs, op_ref64  # noqa: E402
+from tilesmith.gate.worker.state import State  # noqa: E402
+from tilesmith.gate.worker.tensors import PRIMS, _refill, _to_cpu, _to_device, outputs_digest, snapshot as _snapshot  # noqa: E402
+from tilesmith.gate.worker.warm import warm_device, warm_inductor  # noqa: E402
 
 _CUDA = torch.cuda.is_available()
 _spin = clock.spin  # bound before any candidate code runs, as the sync is
@@ -41,38 +42,13 @@ _MARK_ID = None  # that socket's identity, (st_dev, st_ino): a descriptor redire
 _TENSOR = torch.Tensor
 _device_sync = torch._C._cuda_synchronize if _CUDA else (lambda: None)
 _grad_enabled, _set_grad = torch._C.is_grad_enabled, torch._C._set_grad_enabled
-_DISPATCH = None  # worker_guard.dispatch_state(): main sets it before the worker guard records this module
+_DISPATCH = None  # guard.dispatch_state(): main sets it before the worker guard records this module
 _fn_depth, _dispatch_depth = torch._C._len_torch_function_stack, torch._C._len_torch_dispatch_stack
 
 
 def _mode_depths() -> tuple:
     return _fn_depth(), _dispatch_depth()
 WARM_WAIT_NS = 50_000_000  # after a warm-up, how long the worker waits for the sample's request awake (spinning)
-
-
-class State:
-    def __init__(self):
-        self.data = None  # loading.GraphData
-        self.fns = {}  # role -> call
-        # role -> a thunk loading the role's module again, a fresh instance for timing. The candidate only:
-        # the baseline is never loaded after candidate code has run here, and its correctness calls ran
-        # in the reference worker, so its instance here is fresh.
-        self.loaders = {}
-        self.device = "cpu"
-        self.timed = {}  # role -> list of (call thunk returning the call's outputs) over rotating buffers
-        self.bufs = {}  # role -> the rotating input buffers the thunks read
-        self.pool = {}  # role -> input contents the buffers are refilled from between samples
-        self.keep = {}  # role -> CUDA graphs, their inputs and their outputs stay alive while timing
-        self.pending = None  # outputs of the last timed sample, kept until the parent says keep or drop
-        self.checks = []  # outputs of timed calls the parent chose to check (CPU copies)
-        self.state0 = None  # process-state fingerprint taken before any wrapper code ran
-        self.shared = set()  # input positions timed in one buffer for every buffer set (parameters)
-        self.patch0 = None  # gate.patches.snapshot before candidate code ran
-        self.watched = {}  # namespaces added to it: the globals of wrappers loaded before the candidate
-        self.trees_fallback = {}  # role -> why it was asked for trees mode and timed in graph mode instead
-        self.trees_roles = set()  # roles whose thunks run through the cudagraph trees set up in this process
-        self.trees_live = False  # whether the trees' manager may hold functions set up since its last reset
-        self.seccomp = None  # "" once the seccomp filter is in place (after the candidate's load), else why not
 
 
 def op_load(st: State, req: dict) -> dict:
@@ -103,7 +79,7 @@ def op_load(st: State, req: dict) -> dict:
         st.loaders["candidate"] = lambda: loading.load_module(text, consts()).call
         st.fns["candidate"] = st.loaders["candidate"]()
         # From here on no signal handler can be installed, nor a timer armed, by anything in this process: the
-        # kernel refuses (gate/seccomp.py). One the load itself left behind, the checks after this request find.
+        # kernel refuses (gate/worker/seccomp.py). One the load itself left behind, the checks after this request find.
         if st.seccomp is None:
             st.seccomp = seccomp.install()
         return {"load_ns": _perf_ns() - t0, "seccomp": st.seccomp}
@@ -143,7 +119,7 @@ def op_time_setup(st: State, req: dict) -> dict:
     # reset when no role outside this request runs through them (the baseline beside the candidate may),
     # whatever this request sets up (after a fallback to graph mode, their memory comes back).
     if st.trees_live and not st.trees_roles:
-        from tilesmith.gate.worker_trees import reset_trees
+        from tilesmith.gate.worker.trees import reset_trees
 
         reset_trees()
         st.trees_live = False
@@ -170,12 +146,12 @@ def op_time_setup(st: State, req: dict) -> dict:
 
 
 def _trees(st: State, role: str, fn) -> list:
-    """Trees mode (gate/worker_trees.py), or graph mode where this torch's trees cannot be set up or their
+    """Trees mode (gate/worker/trees.py), or graph mode where this torch's trees cannot be set up or their
     first calls fail: the reason goes back per role with time_setup's reply (the parent rejects a candidate
     whose own calls fail through the trees, and times every role as a bare replay where the original's do).
     The candidate runs through the trees only where each call reads its own buffer set (Inductor's static
     marks known): with every input static, every call would read the same inputs."""
-    from tilesmith.gate.worker_trees import tree_thunks
+    from tilesmith.gate.worker.trees import tree_thunks
 
     try:
         meta = st.data.meta if st.data else {}
@@ -240,7 +216,7 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
             spin(gap, perf)
         last = window[i]()
         # No profile or trace function can run here (the reservoir's snapshot of a kept call would call it, and it
-        # could compute only the outputs that are read): the audit hook refuses to set one (gate/audit.py).
+        # could compute only the outputs that are read): the audit hook refuses to set one (gate/worker/audit.py).
         # Plain tensors only: a subclass can return at once and do the work only when a value is read, after the
         # clock stopped (a red-team cheat was accepted at 27x that way: the two kept calls were forced, right, by
         # the digest; no other call ever ran).
@@ -327,7 +303,7 @@ def op_time(st: State, req: dict) -> dict:
 
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     snapshot, digest, prims, timed_window, gc_on = _snapshot, outputs_digest, PRIMS, _timed_window, _gc_enable
-    # The dispatcher's kernels for the ops the snapshot and digest run on the outputs (worker_guard.dispatch_state),
+    # The dispatcher's kernels for the ops the snapshot and digest run on the outputs (guard.dispatch_state),
     # compared inline after the window's calls by C functions and builtins bound now (no Python function whose code
     # could be swapped and put back). Before the refill, main's check after the warm-up request found them as recorded.
     moved = (tuple, map) + (_DISPATCH or (None, None, (), (), ()))
@@ -515,10 +491,10 @@ def main(fd: int, mark_fd: int = -1) -> None:
     if mark_fd >= 0:
         st_ = os.fstat(mark_fd)
         _MARK_FD, _MARK_ID = mark_fd, (st_.st_dev, st_.st_ino)
-    # Before any candidate code: the worker's own code and state, and what checks and sends (worker_guard.py),
+    # Before any candidate code: the worker's own code and state, and what checks and sends (guard.py),
     # held in this frame. Each reply goes out only if nothing of it moved; else a failure made beforehand.
-    _DISPATCH = worker_guard.dispatch_state()
-    g = worker_guard.build([OPS])
+    _DISPATCH = guard.dispatch_state()
+    g = guard.build([OPS])
     all_, map_, getattr_, is_, getitem, len_, tuple_ = g.bound
     objs, names, vals, dicts, keys, dvals, tables, sizes = g.objs, g.names, g.vals, g.dicts, g.keys, g.dvals, g.tables, g.sizes
     decode, write, failed, chunks, join_ = g.decode, g.write, g.failed, g.chunks, "".join
@@ -534,7 +510,7 @@ def main(fd: int, mark_fd: int = -1) -> None:
     hooks0 = (gettrace(), getprofile())
     # From here on, for good: no code of the worker's own functions replaced in place (its modules', and every
     # function the guard records), no heap walk, no profile or trace function, no other audit hook; each refusal
-    # also reported to the parent on the mark socket (gate/audit.py).
+    # also reported to the parent on the mark socket (gate/worker/audit.py).
     own = [m for n, m in list(sys.modules.items()) if n == "__main__" or n.startswith("tilesmith.")]
     audit.install(_MARK_FD, audit.own_functions(own, vals + dvals))
     del g, own
@@ -584,6 +560,3 @@ def main(fd: int, mark_fd: int = -1) -> None:
             until = perf() + WARM_WAIT_NS
             while not readable([stdin_fd], (), (), 0)[0] and perf() < until:
                 pass
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else -1)

@@ -28,7 +28,7 @@ import inspect
 import torch
 from torch._inductor import compile_fx, config
 
-from tilesmith.gate.worker_tensors import _as_list
+from tilesmith.gate.worker.tensors import _as_list
 
 # Bound when the worker starts (it imports this module on a CUDA device before any wrapper code runs): a
 # candidate that later replaces these, or sets the trees' debugging switches, cannot slow the original

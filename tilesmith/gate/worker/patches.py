@@ -21,9 +21,10 @@ MODULES = ("torch", "torch.nn.functional", "torch._C", "torch._C._nn", "torch._C
            "torch._inductor.cpp_builder", "torch._inductor.codecache", "ctypes", "math",
            # ... the cudagraph trees candidates are timed through (watched where the worker imported them)
            "torch._inductor.cudagraph_trees", "torch._inductor.compile_fx", "torch._inductor.cudagraph_utils",
-           # ... and what the worker measures with: its own module (run as __main__), its clock, time, os
-           "__main__", "tilesmith.clock", "tilesmith.gate.worker_outputs", "tilesmith.gate.worker_tensors",
-           "tilesmith.gate.fingerprint", "tilesmith.gate.patches", "time", "os",
+           # ... and what the worker measures with: its own modules (__main__, serve.py), its clock, time, os
+           "__main__", "tilesmith.gate.worker.serve", "tilesmith.gate.clock", "tilesmith.gate.worker.outputs",
+           "tilesmith.gate.worker.tensors", "tilesmith.gate.worker.fingerprint", "tilesmith.gate.worker.patches", "time",
+           "os",
            # ... and what its numbers reach the deciding process through (a wrapped json.dumps that shortened
            # the candidate's samples in the reply was accepted at 1.6x on the original's own code)
            "json", "json.encoder", "json.decoder")

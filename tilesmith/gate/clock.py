@@ -3,7 +3,7 @@ it, a timed loop of calls, and how many calls make one sample long enough to tim
 
 Used by the gate worker's timed samples, the tuner's measure worker, the profile worker and the agent's
 kernel bench. The gate worker imports it before any candidate code runs, and rejects a candidate that
-rebinds anything here (gate.patches watches this module). The clock and
+rebinds anything here (gate.worker.patches watches this module). The clock and
 the CUDA synchronisation are bound at import, like the gate's, so code loaded later that replaces
 `time.perf_counter_ns` or `torch.cuda.synchronize` does not change what these loops measure.
 """
@@ -55,7 +55,7 @@ def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
     so keep it to a few operations, e.g. a draw deciding which call's outputs to keep).
     The clock is read through a local bound before any call: code run by `thunk` that rebinds this module's
     clock and puts it back before anyone looks changes nothing here. (The gate worker writes its own window
-    out, with its checks in its frame's locals: gate/worker.py op_time.)"""
+    out, with its checks in its frame's locals: gate/worker/serve.py op_time.)"""
     perf = _perf_ns
     sync()
     t0 = perf()
@@ -69,7 +69,7 @@ def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
     return perf() - t0
 
 
-# What the gate worker sends on its mark socket as a timed window opens and as it closes (gate/worker.py op_time): the
+# What the gate worker sends on its mark socket as a timed window opens and as it closes (gate/worker/serve.py op_time): the
 # kernel's timestamps of the two are the parent's own measure of the window (gate/windows.py: the time the deciding process counts).
 WINDOW_MARK = b"|"
 MAX_GAP_NS = 50_000_000  # the program's host time between calls the gate spends per call, at most 50 ms

@@ -7,12 +7,10 @@ import os
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from tilesmith.gate.worker import State
+from tilesmith.gate.worker.state import State
 
 
 def process_state() -> dict:

@@ -20,7 +20,7 @@ def warm_inductor(device: str) -> None:
     test compiles, cached for the process): still no wrapper code in this process."""
     import importlib
 
-    names = _WRAPPER_IMPORTS + (_TRITON_IMPORTS + ("tilesmith.gate.worker_trees",) if device.startswith("cuda") else ())
+    names = _WRAPPER_IMPORTS + (_TRITON_IMPORTS + ("tilesmith.gate.worker.trees",) if device.startswith("cuda") else ())
     for name in names:
         try:
             importlib.import_module(name)
