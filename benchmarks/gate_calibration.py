@@ -5,7 +5,7 @@
 
 Two kinds of rows per device:
 - timing rule: the gate's own timing stage (real worker, rotating buffers, paired interleaved rounds,
-  the same statistic and adaptive stopping: tilesmith.gate.calibrate.timing_trials) repeated many
+  the same statistic and adaptive stopping: benchmarks/timing_trials.py) repeated many
   times in one worker. A/A (the original against itself: every accept is a false accept) and power
   (a copy slowed by redundant work of measured cost as the baseline, the untouched original as the
   candidate). Hundreds of trials fit where full decisions would take hours.
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` is importable from the root
 
 
 def capture_example(device: str, work: Path, mode: str | None, batch: int | None = None) -> Path:
@@ -238,7 +239,7 @@ def _decision(v, i: int) -> dict:
 def rule_trials(graph: Path, candidate: Path, baseline, n: int, policy_kw: dict, seed: int, budget_s: float) -> dict:
     """The timing rule alone, n trials (or until budget_s), summarised."""
     from tilesmith.gate import Policy
-    from tilesmith.gate.calibrate import timing_trials
+    from benchmarks.timing_trials import timing_trials
 
     def show(i, t):
         if i < 3 or (i + 1) % 50 == 0:

@@ -3,7 +3,8 @@ input buffers, paired interleaved rounds, adaptive stopping and statistic: `timi
 times in one worker, on wrappers the caller trusts (the original, or a copy of it slowed on purpose).
 
 A full decision costs seconds of worker start-up; a false-accept rate near 0.5 % needs hundreds of
-trials, so benchmarks/gate_calibration.py measures the rule here and a few full decisions besides.
+trials, so gate_calibration.py measures the rule here and a few full decisions besides. Benchmark code: the
+gate itself never calls it.
 """
 
 from __future__ import annotations
