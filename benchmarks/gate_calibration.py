@@ -58,7 +58,7 @@ def _call_ms(mod, inputs, n: int = 200) -> float:
     as the graph runs in production in launch mode: n calls back to back on four rotating input sets
     copied beforehand, one device synchronisation at the end (timing each call alone between two
     synchronisations measures the sync latency instead, and it swung by 40 % on the H200)."""
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     bufs = [loading.clone_args(inputs) for _ in range(4)]
     lists = [list(bufs[i % 4]) for i in range(n)]  # the wrapper clears each list it is given
@@ -119,7 +119,7 @@ def slowed_graph(graph: Path, work: Path, speedup: float, spin: bool = False) ->
     smallest sin() pass alone made a 0.2 ms graph 1.2x slower)."""
     import torch
 
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data = loading.load_graph_data(graph)
     text = (graph / "wrapper.py").read_text()

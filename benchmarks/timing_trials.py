@@ -50,7 +50,7 @@ def timing_trials(graph_dir, candidate_path, policy: Policy, trials: int, baseli
     max_rounds, time_budget_s, target_sample_ms, rotating_sets, seed, mode).
     on_trial(i, TimingTrial) is called after each trial.
     """
-    from tilesmith import loading
+    from tilesmith.capture import loading
     from tilesmith.gate import graph_device, resolve_mode, timing
     from tilesmith.gate.inputs import parameter_indices
     from tilesmith.gate.original import timing_contents

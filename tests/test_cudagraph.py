@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 
 from tests import gate_helpers as h
-from tilesmith import loading
+from tilesmith.capture import loading
 from tilesmith.cudagraph import Graphed, graphed
 from tilesmith.gate.static import screen
 from tilesmith.search import tuner

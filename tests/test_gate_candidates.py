@@ -99,7 +99,7 @@ def test_gate_rejects_a_cheating_or_broken_candidate_at_correctness(inf_graph, t
 
 
 def test_gate_rejects_hard_coded_outputs_that_are_right_only_on_the_captured_inputs(inf_graph, tmp_path):
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     out = loading.load_graph_data(inf_graph).outputs[0]
     v = _judge(inf_graph, h.returns_hardcoded(_original(inf_graph), out), tmp_path)
@@ -167,7 +167,7 @@ def test_graph_timing_sizes_its_samples_again_from_the_original_timed_alone_in_i
     from tilesmith.gate.timed import resized
     from tilesmith.gate.inputs import parameter_indices
     from tilesmith.gate.original import save_sets, timing_contents
-    from tilesmith.loading import load_graph_data
+    from tilesmith.capture.loading import load_graph_data
     from tilesmith.workspace import load_graph_json
 
     policy = _policy(target_sample_ms=50.0)

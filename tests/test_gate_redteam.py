@@ -179,7 +179,7 @@ def test_code_that_misbehaves_only_with_the_captured_weights_is_caught_by_the_se
 
     import torch
 
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     text = (inf_graph / "wrapper.py").read_text()
     names = re.search(r"^        (\w+(?:, \w+)*) = args$", text, re.M).group(1).split(", ")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests import gate_helpers as h
-from tilesmith import loading
+from tilesmith.capture import loading
 from tilesmith.capture import repro
 from tilesmith.gate.static import screen
 from tilesmith.search import relower

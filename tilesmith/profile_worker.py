@@ -14,7 +14,8 @@ _STARTED = time.time()  # the module's first line (the package, and torch with i
 
 import torch  # noqa: E402
 
-from tilesmith import loading, source  # noqa: E402
+from tilesmith import source  # noqa: E402
+from tilesmith.capture import loading  # noqa: E402
 from tilesmith.gate import clock  # noqa: E402
 from tilesmith.search.kernels import find_kernels  # noqa: E402
 

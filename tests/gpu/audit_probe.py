@@ -26,7 +26,7 @@ import torch
 from tilesmith.gate.worker.warm import warm_device, warm_inductor
 device = "cuda" if torch.cuda.is_available() else "cpu"
 warm_inductor(device); warm_device(device)
-from tilesmith import loading
+from tilesmith.capture import loading
 before = {id(o) for o in gc.get_objects() if isinstance(o, types.FunctionType)}
 events = collections.Counter()
 def hook(event, args):

@@ -26,7 +26,7 @@ def launch_graph(tmp_path_factory, inductor_cache) -> Path:
 
 
 def _modules(graph: Path):
-    from tilesmith import loading
+    from tilesmith.capture import loading
     from tilesmith.search.tuner import graphed_text
 
     data = loading.load_graph_data(graph)
@@ -47,7 +47,7 @@ def _close(got, want) -> None:
 
 
 def test_gpu_graphed_replays_give_the_plain_outputs_and_outputs_the_caller_keeps_never_change(launch_graph):
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data, plain, wrapped = _modules(launch_graph)
     kept = []
@@ -74,7 +74,7 @@ def test_gpu_graphed_caller_that_keeps_one_earlier_call_besides_the_last_gets_a_
     """The gate's timed samples hold the last call's outputs and those of one call drawn at random (for its
     checks): a third instance takes the calls while two are held, so no output is copied out (with two
     instances every output was copied out from then on, a cost the program never pays)."""
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data, plain, wrapped = _modules(launch_graph)
     args = loading.clone_args(data.inputs)
@@ -95,7 +95,7 @@ def test_gpu_graphed_caller_that_keeps_one_earlier_call_besides_the_last_gets_a_
 
 
 def test_gpu_graphed_loop_that_holds_the_last_output_alternates_two_instances_and_copies_nothing(launch_graph):
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data, plain, wrapped = _modules(launch_graph)
     args = loading.clone_args(data.inputs)
@@ -123,7 +123,7 @@ def test_gpu_graphed_a_further_instance_that_fails_to_capture_copies_held_output
         launch_graph, monkeypatch):
     """A third instance that does not fit (out of memory, over MAX_GRAPH_BYTES) leaves the two there working:
     the held outputs are copied out from then on, and the layout keeps replaying."""
-    from tilesmith import loading
+    from tilesmith.capture import loading
     from tilesmith.replay import graphed as cudagraph
 
     data, plain, wrapped = _modules(launch_graph)
@@ -154,7 +154,7 @@ def test_gpu_graphed_a_further_instance_that_fails_to_capture_copies_held_output
 
 
 def test_gpu_graphed_hands_out_the_graphs_own_outputs_when_the_caller_drops_them(launch_graph):
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data, plain, wrapped = _modules(launch_graph)
     args = loading.clone_args(data.inputs)
@@ -171,7 +171,7 @@ def test_gpu_graphed_hands_out_the_graphs_own_outputs_when_the_caller_drops_them
 
 
 def test_gpu_graphed_reads_inputs_in_place_and_sees_in_place_updates(launch_graph):
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data, plain, wrapped = _modules(launch_graph)
     args = loading.clone_args(data.inputs)
@@ -213,7 +213,7 @@ def test_gpu_graphed_steady_state_sees_weights_moved_under_the_same_tensor_objec
     """The steady-state path's address check, in C (tilesmith.replay.native) and in Python: a `.data = ...` (as
     module.to() does) keeps every tensor object and moves its memory; the next call must see the new
     memory (capture again), never replay the old addresses."""
-    from tilesmith import loading
+    from tilesmith.capture import loading
     from tilesmith.replay import graphed as cudagraph, record as cudagraph_record
 
     same = c_check if check == "C" else None
@@ -238,7 +238,7 @@ def test_gpu_graphed_steady_state_sees_weights_moved_under_the_same_tensor_objec
 
 
 def test_gpu_graphed_inputs_that_move_are_recorded_again_then_copied(launch_graph):
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data, plain, wrapped = _modules(launch_graph)
     sets = [loading.clone_args(_fresh(data.inputs, s)) for s in range(6)]  # all alive: six addresses each
@@ -264,7 +264,7 @@ def _count_empty_cache(monkeypatch) -> list:
 def test_gpu_graphed_capture_keeps_the_allocators_cached_blocks(launch_graph, monkeypatch):
     """torch.cuda.graph empties the caching allocator before it captures; the replay captures without
     that, so a capture does not move where the caller's next allocations land."""
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data, plain, wrapped = _modules(launch_graph)
     args = loading.clone_args(data.inputs)
@@ -285,7 +285,7 @@ def test_gpu_graphed_inputs_made_anew_each_step_stay_in_place(launch_graph, monk
     warm-up and one capture they are read in place: no re-record, no copy. The activations here sit in
     segments of their own (2 MiB or more each, the allocator's large pool), which an emptied cache would
     give back while they are free."""
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data, plain, wrapped = _modules(launch_graph)
     base = loading.clone_args(data.inputs)
@@ -366,7 +366,7 @@ def test_gpu_graphed_wrapper_that_changes_a_moving_input_runs_plain_with_the_pla
 
 
 def test_gpu_graphed_keeps_to_the_callers_stream(launch_graph):
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data, plain, wrapped = _modules(launch_graph)
     for _ in range(2):
@@ -386,7 +386,7 @@ def test_gpu_graphed_keeps_to_the_callers_stream(launch_graph):
 
 
 def test_gpu_graphed_steps_aside_inside_the_callers_own_capture(launch_graph):
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data, plain, wrapped = _modules(launch_graph)
     static = loading.clone_args(data.inputs)

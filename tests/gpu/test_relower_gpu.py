@@ -28,7 +28,7 @@ def ro_graph(tmp_path_factory, inductor_cache) -> Path:
 
 
 def test_gpu_variants_lower_again_with_the_abi_or_say_why(ro_graph):
-    from tilesmith import loading
+    from tilesmith.capture import loading
     from tilesmith.gate.static import screen
     from tilesmith.search import relower
     from tilesmith.workspace import load_graph_json

@@ -49,7 +49,7 @@ def rerun(graph_dir: str | Path, *, timeout_s: float = 600.0, atol: float = 1e-5
 def _main(gdir: str, atol: float) -> dict:
     import torch
 
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     data = loading.load_graph_data(gdir)
     mod = loading.load_wrapper(gdir, data.constants)

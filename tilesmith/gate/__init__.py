@@ -125,7 +125,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
 
 def _input_sets(gdir: Path, meta: dict, policy: Policy, clock) -> tuple[list, dict, dict]:
     """Seeds of the two passes, each one's correctness sets and the contents its timed calls rotate through."""
-    from tilesmith import loading
+    from tilesmith.capture import loading
     from tilesmith.gate.inputs import derive_seed, make_sets
     from tilesmith.gate.original import timing_contents
 

@@ -36,12 +36,11 @@ _libc = ctypes.CDLL(None, use_errno=True)
 # What every worker imports first (torch, Inductor's loading and wrapper-header modules, the gate
 # worker's own helpers): trusted modules, imported here once. The worker modules themselves are not
 # (runpy runs them as __main__, fresh, in each worker; the gate worker's serve.py is imported by its __main__ then).
-PRELOAD = ("torch", "torch._inductor.codecache", "tilesmith.loading", "torch._inductor.async_compile",
+PRELOAD = ("torch", "torch._inductor.codecache", "tilesmith.capture.loading", "torch._inductor.async_compile",
            "torch._inductor.codegen.memory_planning", "torch._inductor.hooks", "torch._inductor.select_algorithm",
            "torch._inductor.utils", "torch._inductor.codegen.multi_kernel", "tilesmith.capture.tensors",
-           "tilesmith.gate.clock", "tilesmith.errors", "tilesmith.gate.worker.patches",
-           "tilesmith.gate.worker.fingerprint", "tilesmith.gate.inputs", "tilesmith.gate.worker.outputs",
-           "tilesmith.gate.worker.tensors", "tilesmith.launch.stage")
+           "tilesmith.gate.clock", "tilesmith.errors", "tilesmith.gate.worker.patches", "tilesmith.gate.worker.fingerprint",
+           "tilesmith.gate.inputs", "tilesmith.gate.worker.outputs", "tilesmith.gate.worker.tensors", "tilesmith.launch.stage")
 
 
 def _preload() -> tuple[str, str | None]:

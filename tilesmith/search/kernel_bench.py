@@ -91,7 +91,7 @@ def bench(source: str, graph_dir: str | Path, calls: int = 10) -> Bench:
 
     import torch
 
-    from tilesmith import loading
+    from tilesmith.capture import loading
     from tilesmith.gate import clock
     from tilesmith.search.kernels import find_kernels
     from tilesmith.source import split_header

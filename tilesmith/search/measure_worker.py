@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from tilesmith import loading
+from tilesmith.capture import loading
 from tilesmith.gate import clock
 
 

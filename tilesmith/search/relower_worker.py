@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from tilesmith import loading, source
+from tilesmith import source
+from tilesmith.capture import loading
 from tilesmith.capture import repro
 from tilesmith.workspace import WRAPPER_FILE
 

@@ -32,7 +32,7 @@ def _layout(o, args) -> dict:
 
 def _call(st: State, role: str, args: list, on_side_stream: bool):
     """One call on fresh-list args; on CUDA under a non-default current stream that alone is synchronised."""
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     loading.restore_rng(st.data.rng)
     with torch.no_grad():

@@ -52,7 +52,7 @@ WARM_WAIT_NS = 50_000_000  # after a warm-up, how long the worker waits for the 
 
 
 def op_load(st: State, req: dict) -> dict:
-    from tilesmith import loading
+    from tilesmith.capture import loading
 
     t0 = _perf_ns()
     if st.data is None:  # a worker may load the (trusted) baseline first and the candidate in a later request
@@ -477,7 +477,7 @@ def main(fd: int, mark_fd: int = -1) -> None:
 
     import torch._inductor.codecache as codecache
 
-    importlib.import_module("tilesmith.loading")  # the torch pieces the first load needs
+    importlib.import_module("tilesmith.capture.loading")  # the torch pieces the first load needs
 
     header_dir = os.environ.get("TILESMITH_GATE_HEADER_DIR")
     if header_dir and hasattr(codecache, "_HEADER_DIR"):

@@ -1,6 +1,6 @@
 """Load a captured graph in a fresh process: its wrapper module (with constants) and its data.
 
-Used by replay and the gate's workers; never in the process that decides (it executes wrapper code).
+Used by rerun.py and the workers (gate, screens, profile); never in the process that decides (it executes wrapper code).
 """
 
 from __future__ import annotations
