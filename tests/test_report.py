@@ -216,7 +216,7 @@ def test_a_bandwidth_share_above_the_dram_peak_is_marked_in_cache_and_explained_
         copied_run, tmp_path):
     """A kernel whose data stays in cache moves it faster than the DRAM copy its ceiling was measured with: its
     share read "242%" with no word why. The CLI runs piped here (CliRunner: not a terminal), 40 columns asked."""
-    from tilesmith.report_html import render_html
+    from tilesmith.report.html import render_html
 
     track = _track_eligible(copied_run)
     f = track / "profiles" / "baseline.json"

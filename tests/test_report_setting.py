@@ -33,7 +33,7 @@ from tests import gate_helpers as h
 from tests.conftest import FIXTURES, run_capture_subprocess
 from tilesmith import paths
 from tilesmith.report import build_report
-from tilesmith.report_html import render_html
+from tilesmith.report.html import render_html
 from tilesmith_cli.app import app
 
 runner = CliRunner()
@@ -288,7 +288,7 @@ def test_setting_of_a_cudagraphs_graph_the_run_did_not_optimize_keeps_reduce_ove
 
 
 def test_setting_counts_the_other_accepted_changes_of_a_replayed_graph(setting_run, tmp_path):
-    from tilesmith.report_setting import graph_setting
+    from tilesmith.report.setting import graph_setting
 
     _view(setting_run, tmp_path, {s: "cudagraphs" for s in SIZES})
     rep = build_report(setting_run.run_id)

@@ -17,7 +17,7 @@ def report(
     """What a run found: per graph speedup and candidates, kernel times, the whole-program estimate."""
     from tilesmith.errors import TilesmithError
     from tilesmith.report import build_report
-    from tilesmith.report_html import render_html
+    from tilesmith.report.html import render_html
 
     def go():
         r = build_report(run_id)
@@ -41,7 +41,7 @@ def _render(r) -> None:
     out = console.out
     out.print(f"run {r.run_id} ({r.status}), optimizer {r.optimizer or '?'}, workspace {r.workspace or '?'}")
     from tilesmith.report import agent_budgets
-    from tilesmith.report_rows import BANDWIDTH_COLUMN, BANDWIDTH_NOTE, rate_text
+    from tilesmith.report.rows import BANDWIDTH_COLUMN, BANDWIDTH_NOTE, rate_text
 
     if agent_budgets(r.settings):
         out.print(agent_budgets(r.settings))

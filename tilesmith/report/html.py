@@ -8,8 +8,7 @@ from __future__ import annotations
 import html
 import math
 
-from tilesmith.report import Report
-from tilesmith.report_rows import BANDWIDTH_COLUMN, BANDWIDTH_NOTE, rate_text
+from tilesmith.report.rows import BANDWIDTH_COLUMN, BANDWIDTH_NOTE, Report, rate_text
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#1d2330;padding:0 16px}
@@ -54,7 +53,7 @@ def render_html(report: Report) -> str:
              f"<div class='muted'>status <b id='run-status'>{_e(r.status)}</b> · optimizer {_e(r.optimizer or '?')}"
              f" · {_e(r.created or '?')} → {_e(r.ended or '—')} · workspace <code>{_e(r.workspace or '?')}</code>"
              f" · {_e(_env(r.environment))}</div>"]
-    from tilesmith.report import agent_budgets
+    from tilesmith.report.build import agent_budgets
 
     if agent_budgets(r.settings):
         parts.append(f"<div class='muted' id='agent-budgets'>{_e(agent_budgets(r.settings))}</div>")
@@ -95,7 +94,7 @@ def _program(r: Report) -> str:
 
 
 def _setting(r: Report) -> str:
-    """Which setting wins (tilesmith/report_setting.py): the program's line, the change, one row per graph."""
+    """Which setting wins (setting.py): the program's line, the change, one row per graph."""
     s = r.setting
     if s is None:
         return ""

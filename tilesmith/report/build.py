@@ -13,9 +13,9 @@ import math
 from pathlib import Path
 
 from tilesmith import paths, runs
-from tilesmith import report_setting as rs
 from tilesmith.errors import TilesmithError
-from tilesmith.report_rows import CandidateRow, GraphReport, KernelRow, ProgramEstimate, Report  # noqa: F401
+from tilesmith.report import setting as rs
+from tilesmith.report.rows import CandidateRow, GraphReport, KernelRow, ProgramEstimate, Report
 
 TOP_KERNELS = 8  # kernels listed per graph; the rest are summed into `other_kernels_ms`
 

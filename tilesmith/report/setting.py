@@ -3,7 +3,7 @@
 A graph compiled with CUDA graphs (`mode="reduce-overhead"` or `"max-autotune"`; graph.json's
 `compile_mode` is "cudagraphs") runs as Inductor's replay in production, and the gate times its
 original that way (graph mode: Inductor's wrapper replayed from a CUDA graph). The tuner offers
-tilesmith's own replay of the same code (`tilesmith.cudagraph`); the runtime loads an accepted one and
+tilesmith's own replay of the same code (`tilesmith.cudagraph`, tilesmith/replay/); the runtime loads an accepted one and
 turns Inductor's CUDA graphs off for that graph only (tilesmith/runtime `_substitute`). Per graph, then:
 
 - tilesmith's replay won: the accepted source replays itself, timed against Inductor's replay;
@@ -18,43 +18,11 @@ the report's (the gate's accepted chain, its interval, the program estimate's ma
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tilesmith.report import ProgramEstimate
+from tilesmith.report.rows import GraphSetting, ProgramSetting
 
 CUDAGRAPHS = "cudagraphs"  # graph.json's compile_mode for reduce-overhead / max-autotune
-
-
-@dataclass
-class GraphSetting:
-    """Who replays one graph once the run's winners are installed, and by how much that wins."""
-
-    # tilesmith-replay | inductor-replay-of-tilesmith-code | inductor-replay | tilesmith-replay-over-launches |
-    # tilesmith-code | inductor-code | unknown
-    winner: str
-    statement: str  # one line for the reader
-    speedup: float | None = None  # the report's speedup of the graph (accepted chain), copied, not recomputed
-    speedup_low: float | None = None
-    timed_in: str = ""  # the gate's timing mode of the accepted chain: graph | launch | mixed | "" (none)
-
-
-@dataclass
-class ProgramSetting:
-    """The program's line: how many graphs use CUDA graphs, who replays them, and the change to make."""
-
-    graphs_total: int
-    graphs_cudagraphs: int  # compiled with CUDA graphs
-    tilesmith_replay_wins: int  # of those: tilesmith's replay beat Inductor's
-    inductor_replay_of_tilesmith_code: int  # of those: Inductor's replay kept, of accepted code
-    inductor_replay_kept: int  # of those: nothing accepted (or not optimized)
-    replay_over_launches: int  # graphs compiled without CUDA graphs whose launches tilesmith's replay took over
-    estimate: ProgramEstimate | None  # over the CUDA-graph graphs whose baseline is Inductor's replay (gate)
-    statement: str
-    change: str  # what to change in the program, exactly
-    note: str = ""  # what "reduce-overhead's replay" was, as the gate timed it
 
 
 def graph_json(ws_path, key: str) -> dict:

@@ -1,11 +1,10 @@
-"""The rows of a `report` (tilesmith/report.py builds them from a run's files; the CLI and the HTML page
-render them): per kernel, per candidate, per graph, the program's estimate, and the whole report."""
+"""The rows of a `report` (build.py builds them from a run's files, setting.py says which CUDA-graph setting
+wins; the CLI and the HTML page render them): per kernel, per candidate, per graph, the program's estimate,
+the settings that win, and the whole report."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-
-from tilesmith.report_setting import GraphSetting, ProgramSetting
 
 
 @dataclass
@@ -107,7 +106,7 @@ class GraphReport:
     counters: str = ""  # whether hardware counters were read
     compile_mode: str = ""  # plain | cudagraphs (reduce-overhead, max-autotune); "" unknown (graph.json)
     device: str = ""
-    setting: GraphSetting | None = None  # who replays it and by how much that wins (report_setting.py)
+    setting: GraphSetting | None = None  # who replays it and by how much that wins (setting.py)
 
 
 @dataclass
@@ -128,6 +127,35 @@ class ProgramEstimate:
 
 
 @dataclass
+class GraphSetting:
+    """Who replays one graph once the run's winners are installed, and by how much that wins."""
+
+    # tilesmith-replay | inductor-replay-of-tilesmith-code | inductor-replay | tilesmith-replay-over-launches |
+    # tilesmith-code | inductor-code | unknown
+    winner: str
+    statement: str  # one line for the reader
+    speedup: float | None = None  # the report's speedup of the graph (accepted chain), copied, not recomputed
+    speedup_low: float | None = None
+    timed_in: str = ""  # the gate's timing mode of the accepted chain: graph | launch | mixed | "" (none)
+
+
+@dataclass
+class ProgramSetting:
+    """The program's line: how many graphs use CUDA graphs, who replays them, and the change to make."""
+
+    graphs_total: int
+    graphs_cudagraphs: int  # compiled with CUDA graphs
+    tilesmith_replay_wins: int  # of those: tilesmith's replay beat Inductor's
+    inductor_replay_of_tilesmith_code: int  # of those: Inductor's replay kept, of accepted code
+    inductor_replay_kept: int  # of those: nothing accepted (or not optimized)
+    replay_over_launches: int  # graphs compiled without CUDA graphs whose launches tilesmith's replay took over
+    estimate: ProgramEstimate | None  # over the CUDA-graph graphs whose baseline is Inductor's replay (gate)
+    statement: str
+    change: str  # what to change in the program, exactly
+    note: str = ""  # what "reduce-overhead's replay" was, as the gate timed it
+
+
+@dataclass
 class Report:
     run_id: str
     status: str
@@ -141,7 +169,7 @@ class Report:
     program: ProgramEstimate | None
     candidates: list[CandidateRow]  # every verdict of the run, in the order they were written
     notes: list[str] = field(default_factory=list)
-    setting: ProgramSetting | None = None  # which CUDA-graph setting wins, for the program (report_setting.py)
+    setting: ProgramSetting | None = None  # which CUDA-graph setting wins, for the program (setting.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
