@@ -168,7 +168,7 @@ def test_a_failed_check_keeps_a_file_from_the_gate_and_finish_ends_the_track(slo
 
 def test_the_tuner_runs_first_and_its_log_reaches_the_agent(slow_ws):
     from tilesmith.search import Track
-    from tilesmith.profile import profile_graph
+    from tilesmith.profile.baseline import profile_graph
     from tilesmith.search.agent.optimizer import run_track
 
     (g,) = sorted((slow_ws / "graphs").iterdir())

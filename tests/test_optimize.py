@@ -340,7 +340,7 @@ def test_jobs_runs_graphs_concurrently_and_every_track_ends(training_ws):
 def test_a_failed_baseline_profile_and_failed_screens_are_named_in_the_track(oversub_ws, monkeypatch):
     """A track whose profile and every screen failed used to end as 'exhausted: nothing more to try' with
     no baseline and no word why (the H200's forked CUDA workers): it fails, and the reasons are kept."""
-    from tilesmith import profile
+    from tilesmith.profile import baseline as profile
 
     monkeypatch.setattr(profile, "profile_graphs", lambda dirs, **kw: [TilesmithError(
         "profiling abc failed: RuntimeError: CUDA driver initialization failed", code="profile-failed")] * len(dirs))

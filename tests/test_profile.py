@@ -13,11 +13,11 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 from tests import gate_helpers as h
-from tilesmith import roofline
+from tilesmith.profile import roofline
 from tilesmith.gate.correctness import compare_set
 from tilesmith.errors import TilesmithError
-from tilesmith.profile import Profile, profile_graph, profile_graphs
-from tilesmith.profile_worker import _credit_library_kernels, _gap_ns
+from tilesmith.profile.baseline import Profile, profile_graph, profile_graphs
+from tilesmith.profile.worker import _credit_library_kernels, _gap_ns
 from tilesmith.search.agent.tools import profile_table
 
 

@@ -248,7 +248,7 @@ def _select(ws, prefixes: list[str]):
 def _order_by_time(r: _Run, graphs):
     """Baseline-profile each graph (profiles/baseline.json) and order them biggest share first. The
     graphs not profiled yet are profiled together, in one worker process (profile_graphs)."""
-    from tilesmith.profile import Profile, profile_graphs
+    from tilesmith.profile.baseline import Profile, profile_graphs
 
     times, todo = {}, []
     for g in graphs:
@@ -314,7 +314,7 @@ def _run_track(r: _Run, g, t: TrackResult, settings: OptimizeSettings) -> None:
     track = Track(r.run_id, g.key, r.ws.graph_dir(g.key), r.deadline, r.stop, r.timing_lock)
     base = json.loads((track.profiles / "baseline.json").read_text()) if (track.profiles / "baseline.json").exists() else None
     if base:
-        from tilesmith.profile import Profile
+        from tilesmith.profile.baseline import Profile
 
         track.profile = Profile.from_dict(base)
         t.baseline_ms = track.profile.wall_ms

@@ -99,7 +99,7 @@ def test_gpu_forked_profile_and_screen_workers_run_a_captured_graph(tmp_path, mo
     called directly, so a failure shows the worker's own last lines (the flow test above shows the track)."""
     from tilesmith.launch import forked
     from tilesmith.errors import TilesmithError
-    from tilesmith.profile import profile_graphs
+    from tilesmith.profile.baseline import profile_graphs
     from tilesmith.search.measure import screen
 
     monkeypatch.setenv("TILESMITH_FORK_WORKERS", "on")

@@ -84,7 +84,7 @@ def test_a_relowered_candidate_passes_the_gate_up_to_timing(ro_graph, tmp_path):
 
 
 def test_cuda_profile_has_bytes_library_kernels_gaps_and_ceilings(ro_graph):
-    from tilesmith.profile import profile_graph
+    from tilesmith.profile.baseline import profile_graph
 
     p = profile_graph(ro_graph, calls=10)
     print(p.to_dict())

@@ -42,7 +42,8 @@ def rerun(graph_dir: str | Path, *, timeout_s: float = 600.0, atol: float = 1e-5
         return RerunResult(meta["key"], False, problems=[f"replay did not finish in {timeout_s:.0f} s"])
     if res.returncode != 0 or res.reply is None:
         raise TilesmithError(f"replay of {meta['key'][:12]} failed (exit {res.returncode}): {res.tail}",
-                             code="replay-failed", hint="run `python -m tilesmith.capture.rerun GRAPH_DIR` to see the whole error")
+                             code="replay-failed",
+                             hint="run `python -m tilesmith.capture.rerun GRAPH_DIR` to see the whole error")
     return RerunResult(**res.reply)
 
 

@@ -39,8 +39,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 PRELOAD = ("torch", "torch._inductor.codecache", "tilesmith.capture.loading", "torch._inductor.async_compile",
            "torch._inductor.codegen.memory_planning", "torch._inductor.hooks", "torch._inductor.select_algorithm",
            "torch._inductor.utils", "torch._inductor.codegen.multi_kernel", "tilesmith.capture.tensors",
-           "tilesmith.gate.clock", "tilesmith.errors", "tilesmith.gate.worker.patches", "tilesmith.gate.worker.fingerprint",
-           "tilesmith.gate.inputs", "tilesmith.gate.worker.outputs", "tilesmith.gate.worker.tensors", "tilesmith.launch.stage")
+           "tilesmith.gate.clock", "tilesmith.errors", "tilesmith.gate.worker.patches",
+           "tilesmith.gate.worker.fingerprint", "tilesmith.gate.inputs", "tilesmith.gate.worker.outputs",
+           "tilesmith.gate.worker.tensors", "tilesmith.launch.stage")
 
 
 def _preload() -> tuple[str, str | None]:

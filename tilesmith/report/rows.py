@@ -14,7 +14,7 @@ class KernelRow:
     calls: int  # launches per graph call
     time_ms: float  # per graph call
     share: float  # of the graph's summed kernel time
-    bytes: int = 0  # per graph call, from its arguments (tilesmith/profile.py)
+    bytes: int = 0  # per graph call, from its arguments (tilesmith/profile/baseline.py)
     flops: int = 0
     gbps: float | None = None  # achieved
     tflops: float | None = None
@@ -26,7 +26,7 @@ class KernelRow:
 
 
 # The GB/s column's peak is the device memory's, measured with a copy far larger than the last-level cache
-# (tilesmith/roofline.py): a kernel whose data stays in cache (a few MB on a CPU core's L2/L3, up to 50 MB in an
+# (tilesmith/profile/roofline.py): a kernel whose data stays in cache (a few MB on a CPU core's L2/L3, up to 50 MB in an
 # H200's L2) moves it faster than that, so its share reads above 100 %.
 # That is no error, and such a kernel has no headroom by this roofline: the renderers say so in the cell.
 BANDWIDTH_COLUMN = "GB/s (of DRAM peak)"

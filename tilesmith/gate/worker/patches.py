@@ -23,8 +23,8 @@ MODULES = ("torch", "torch.nn.functional", "torch._C", "torch._C._nn", "torch._C
            "torch._inductor.cudagraph_trees", "torch._inductor.compile_fx", "torch._inductor.cudagraph_utils",
            # ... and what the worker measures with: its own modules (__main__, serve.py), its clock, time, os
            "__main__", "tilesmith.gate.worker.serve", "tilesmith.gate.clock", "tilesmith.gate.worker.outputs",
-           "tilesmith.gate.worker.tensors", "tilesmith.gate.worker.fingerprint", "tilesmith.gate.worker.patches", "time",
-           "os",
+           "tilesmith.gate.worker.tensors", "tilesmith.gate.worker.fingerprint", "tilesmith.gate.worker.patches",
+           "time", "os",
            # ... and what its numbers reach the deciding process through (a wrapped json.dumps that shortened
            # the candidate's samples in the reply was accepted at 1.6x on the original's own code)
            "json", "json.encoder", "json.decoder")

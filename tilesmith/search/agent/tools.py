@@ -81,7 +81,7 @@ def make_tools(state, settings) -> list:
         """Per-kernel time breakdown of the baseline (the original wrapper) and of one attempt file
         (default: your current attempt), measured on the captured inputs: name, kind, launches, ms per
         graph call, share, and the bytes and FLOPs the profile measured for each kernel."""
-        from tilesmith.profile import profile_graph
+        from tilesmith.profile.baseline import profile_graph
 
         try:
             text = Path(_path(state, path)).read_text()
@@ -128,14 +128,14 @@ _CEILINGS: dict = {}
 
 
 def device_ceilings(device: str) -> dict:
-    """Measured, not looked up (tilesmith.roofline.measure, the profile's ceilings): copy bandwidth (GB/s)
+    """Measured, not looked up (tilesmith.profile.roofline.measure, the profile's ceilings): copy bandwidth (GB/s)
     and matmul throughput per dtype (TFLOP/s) on this machine, once per process, for the agent's
     roofline reasoning."""
     if device in _CEILINGS:
         return _CEILINGS[device]
     import torch
 
-    from tilesmith import roofline
+    from tilesmith.profile import roofline
 
     dev = device if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
     c = roofline.measure(dev)

@@ -162,5 +162,5 @@ def counters_note(cuda: bool) -> str:
         return ("ncu is installed but GPU performance counters are restricted to administrators "
                 "(RmProfilingAdminOnly=1): no hardware counters; bytes and FLOPs come from kernel arguments")
     return ("ncu is installed and counters look readable; this profile does not run it (it replays every "
-            "kernel many times): `ncu --set roofline python -m tilesmith.profile_worker GRAPH_DIR SOURCE 1` "
+            "kernel many times): `ncu --set roofline python -m tilesmith.profile.worker GRAPH_DIR SOURCE 1` "
             "gives measured DRAM bytes and FLOPs; bytes here come from kernel arguments")

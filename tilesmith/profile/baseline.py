@@ -1,7 +1,7 @@
 """Baseline profile of a graph: time per kernel and library call inside one `call`, launch overhead,
 device gaps between kernels (CUDA), bytes/FLOPs per kernel from its real arguments, achieved GB/s and
 TFLOP/s against the device's ceilings and a roofline class per kernel and per graph
-(tilesmith/roofline.py). Measured in a worker subprocess; statistics here."""
+(tilesmith/profile/roofline.py). Measured in a worker subprocess; statistics here."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class KernelTime:
     flop_frac: float | None = None  # of the FLOP ceiling for its dtype
     bound_ms: float | None = None  # roofline time: max(bytes / bandwidth, flops / FLOP rate)
     headroom_ms: float | None = None  # time_ms - bound_ms: what a kernel at the ceiling would save
-    klass: str = "unknown"  # latency | memory | compute | unknown (tilesmith/roofline.py)
+    klass: str = "unknown"  # latency | memory | compute | unknown (tilesmith/profile/roofline.py)
     sites: dict = field(default_factory=dict)  # wrapper file line -> the code there that launches it
     library_kernels: list = field(default_factory=list)  # device kernels a library call ran (CUDA)
 
@@ -94,7 +94,7 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
             src_file.write_text(text if text is not None else (gdir / "wrapper.py").read_text())
             listing.append([str(gdir), str(src_file)])
         (Path(tmp) / "jobs.json").write_text(json.dumps(listing))
-        cmd = [sys.executable, "-m", "tilesmith.profile_worker", "--batch", str(Path(tmp) / "jobs.json"), str(calls)]
+        cmd = [sys.executable, "-m", "tilesmith.profile.worker", "--batch", str(Path(tmp) / "jobs.json"), str(calls)]
         calm_spares()  # no gate worker may still be starting while this one measures
         devices = graph_devices(gdirs)
         spec = sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs], devices=sandbox.devices_for(*devices))
@@ -135,7 +135,7 @@ def _process_phases(stamps, called: float, spawned: float, ended: float) -> dict
 
 def summarize(raw: dict) -> Profile:
     """Raw worker samples -> Profile (medians; shares of the summed kernel time; roofline per kernel)."""
-    from tilesmith import roofline
+    from tilesmith.profile import roofline
 
     wall = [ns / 1e6 for ns in raw["wall_ns"]]
     wall_ms = statistics.median(wall)

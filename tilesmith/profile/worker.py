@@ -1,4 +1,4 @@
-"""Worker for tilesmith.profile: runs wrapper code, reports raw nanoseconds as one JSON line.
+"""Worker for tilesmith/profile/baseline.py: runs wrapper code, reports raw nanoseconds as one JSON line.
 
 CPU: each kernel and library call is wrapped in a timing proxy (the wrapper looks its kernels up as
 module globals at call time). CUDA: torch.profiler's device time per kernel name.
@@ -157,7 +157,7 @@ class _ExternProxy:
 
 
 def main(gdir: str, src_file: str, calls: int) -> dict:
-    from tilesmith import roofline
+    from tilesmith.profile import roofline
 
     phases, t0 = {}, time.perf_counter()
 
@@ -221,7 +221,7 @@ _CEILINGS: dict = {}  # device -> measured ceilings: once per process, however m
 
 
 def _ceilings(device: str) -> dict:
-    from tilesmith import roofline
+    from tilesmith.profile import roofline
 
     if device not in _CEILINGS:
         _CEILINGS[device] = roofline.measure(device).to_dict()
