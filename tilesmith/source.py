@@ -1,4 +1,4 @@
-"""Wrapper source text: canonical form, graph key, and the FX-program comment header.
+"""Wrapper source text: canonical form, graph key, the FX-program comment header, and the kernels it defines.
 
 Stdlib only. The canonical form removes what varies between processes or machines for the same
 graph (research note inductor-hooks.md §3): the process-global AOT id, Triton kernel-path comments,
@@ -7,9 +7,11 @@ id-based hashes on constant headers, and cache-directory paths.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import re
+from dataclasses import dataclass, field
 
 from tilesmith.environment import canonical_json
 
@@ -66,3 +68,55 @@ def split_header(text: str) -> tuple[str, str]:
 def key_of_text(text: str, env: dict) -> str:
     """Graph key of a wrapper file's text (header or not)."""
     return graph_key(canonicalize(split_header(text)[1]), env)
+
+
+# -- the kernels a wrapper defines ---------------------------------------------------------------
+
+@dataclass
+class Kernel:
+    """A kernel a wrapper defines at module level: `name = async_compile.<triton|cpp_pybinding|cpp>(..., <source>, ...)`,
+    the source a string literal, located with `ast`."""
+
+    name: str  # the module global, e.g. triton_poi_fused_add_0 / cpp_fused_relu_1
+    kind: str  # triton | template | cpp
+    code: str  # the kernel source inside the string literal
+    span: tuple[int, int]  # character offsets of the literal in the wrapper text
+    params: dict = field(default_factory=dict)  # what the tuner may change (search/kernels.py reads it)
+
+
+def kernels_in(src: str) -> list[Kernel]:
+    """Every kernel defined through async_compile in `src` (the wrapper, no FX header), in source order."""
+    tree = ast.parse(src)
+    starts = _line_starts(src)
+    found = []
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        call = node.value
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and isinstance(call.func.value, ast.Name) and call.func.value.id == "async_compile"):
+            continue
+        method = call.func.attr
+        lit = next((a for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str) and "\n" in a.value), None)
+        if lit is None or method not in ("triton", "cpp_pybinding", "cpp"):
+            continue
+        name = node.targets[0].id
+        kind = "cpp" if method.startswith("cpp") else ("template" if "triton_tem_" in name else "triton")
+        span = (starts[lit.lineno - 1] + lit.col_offset, starts[lit.end_lineno - 1] + lit.end_col_offset)
+        found.append(Kernel(name, kind, lit.value, span))
+    return found
+
+
+def replace_kernel(src: str, kernel: Kernel, new_code: str) -> str:
+    """`src` with `kernel`'s string literal replaced by one holding `new_code`."""
+    quote = "'''" if "'''" not in new_code else '"""'
+    a, b = kernel.span
+    return src[:a] + "r" + quote + new_code + quote + src[b:]
+
+
+def _line_starts(src: str) -> list[int]:
+    starts, pos = [0], 0
+    for line in src.splitlines(keepends=True):
+        pos += len(line)
+        starts.append(pos)
+    return starts

@@ -1,6 +1,6 @@
 """Worker for tilesmith/profile/baseline.py: runs wrapper code, reports raw nanoseconds as one JSON line.
 
-CPU: each kernel and library call is wrapped in a timing proxy (the wrapper looks its kernels up as
+CPU: each kernel and library call is timed through a proxy (proxy.py: the wrapper looks its kernels up as
 module globals at call time). CUDA: torch.profiler's device time per kernel name.
 """
 
@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from tilesmith import source  # noqa: E402
 from tilesmith.capture import loading  # noqa: E402
 from tilesmith.gate import clock  # noqa: E402
-from tilesmith.search.kernels import find_kernels  # noqa: E402
+from tilesmith.profile import proxy  # noqa: E402
 
 
 def _nbytes(args) -> int:
@@ -94,66 +94,7 @@ class _Meta:
         return fn(*args, **kwargs)
 
 
-class _Kernel:
-    """Stands in for a kernel global: Triton kernels launch through .run, C++ kernels are called."""
-
-    def __init__(self, inner, name, kind, meta):
-        self._inner, self._name, self._kind, self._meta = inner, name, kind, meta
-
-    def run(self, *args, **kwargs):
-        return self._meta.launch(self._name, self._kind, self._inner.run, args, kwargs)
-
-    def __call__(self, *args, **kwargs):
-        return self._meta.launch(self._name, self._kind, self._inner, args, kwargs)
-
-    def __getattr__(self, attr):
-        return getattr(self._inner, attr)
-
-
-class _ExternMeta:
-    def __init__(self, inner, meta):
-        self._inner, self._meta = inner, meta
-
-    def __getattr__(self, attr):
-        fn, name, meta = getattr(self._inner, attr), f"extern_kernels.{attr}", self._meta
-        return lambda *a, **k: meta.launch(name, "extern", fn, a, k)
-
-
-def _instrument(mod, text: str) -> _Meta:
-    """Wrap every kernel global and extern_kernels of `mod` so one call records their metadata."""
-    wrapper = source.split_header(text)[1]
-    meta = _Meta(text[: len(text) - len(wrapper)].count("\n"), wrapper.splitlines())
-    for k in find_kernels(wrapper):
-        if hasattr(mod, k.name):
-            setattr(mod, k.name, _Kernel(getattr(mod, k.name), k.name, k.kind, meta))
-    if hasattr(mod, "extern_kernels"):
-        mod.extern_kernels = _ExternMeta(mod.extern_kernels, meta)
-    return meta
-
-
-class _Timed:
-    """A callable (or .run-holder) that accumulates its own CPU time per graph call."""
-
-    def __init__(self, fn, name, kind, stats):
-        self._fn, self._name, self._stats = fn, name, stats
-        stats.setdefault(name, {"kind": kind, "calls": 0, "cur": 0, "ns": []})
-
-    def __call__(self, *args, **kwargs):
-        s, out = self._stats[self._name], []
-        s["cur"] += clock.timed(lambda: self._fn(*args, **kwargs), 1, _no_sync, lambda i, r: out.append(r))
-        s["calls_cur"] = s.get("calls_cur", 0) + 1
-        return out[0]
-
-
 _no_sync = clock.device_sync("cpu")  # CPU kernels are done when they return
-
-
-class _ExternProxy:
-    def __init__(self, inner, stats):
-        self._inner, self._stats = inner, stats
-
-    def __getattr__(self, attr):
-        return _Timed(getattr(self._inner, attr), f"extern_kernels.{attr}", "extern", self._stats)
 
 
 def main(gdir: str, src_file: str, calls: int) -> dict:
@@ -181,28 +122,24 @@ def main(gdir: str, src_file: str, calls: int) -> dict:
         wall = [clock.timed(lambda: mod.call(list(args)), 1, sync) for _ in range(calls)]
         phase("wall")
         wrapper = source.split_header(text)[1]
-        originals = {k: getattr(mod, k) for k in [k.name for k in find_kernels(wrapper)] + ["extern_kernels"]
-                     if hasattr(mod, k)}
-        meta = _instrument(mod, text)
+        meta = _Meta(text[: len(text) - len(wrapper)].count("\n"), wrapper.splitlines())
+        originals = proxy.instrument(mod, wrapper, meta.launch)
         proxies = {k: getattr(mod, k) for k in originals}
         meta.on = True  # one untimed call records what every kernel was launched with
         mod.call(list(args))
         sync()
         meta.on = False
-        for k, v in originals.items():  # time the kernels themselves, not the recording proxies
-            setattr(mod, k, v)
+        proxy.restore(mod, originals)  # time the kernels themselves, not the recording proxies
         phase("record_arguments")
         if cuda:
             kernels, gap_ns = _device_kernels(mod, wrapper, args, calls)
             phase("device_profile")
             # A second profiled pass with each launch in a range named after its wrapper line credits
             # library kernels to the extern call that ran them (its overhead stays out of the gaps).
-            for k, v in proxies.items():
-                setattr(mod, k, v)
+            proxy.restore(mod, proxies)
             meta.annotate = True
             _credit_library_kernels(_profiled_events(mod, args, calls), kernels, calls)
-            for k, v in originals.items():
-                setattr(mod, k, v)
+            proxy.restore(mod, originals)
             phase("library_credit")
         else:
             kernels, gap_ns = _cpu_kernels(mod, wrapper, args, calls), None
@@ -229,12 +166,16 @@ def _ceilings(device: str) -> dict:
 
 
 def _cpu_kernels(mod, wrapper, args, calls) -> dict:
+    """CPU time per kernel and library call, summed per graph call (each launch timed as it runs)."""
     stats: dict = {}
-    for k in find_kernels(wrapper):
-        if hasattr(mod, k.name):
-            setattr(mod, k.name, _Timed(getattr(mod, k.name), k.name, k.kind, stats))
-    if hasattr(mod, "extern_kernels"):
-        mod.extern_kernels = _ExternProxy(mod.extern_kernels, stats)
+
+    def launch(name: str, kind: str, fn, a, kw):
+        s, out = stats.setdefault(name, {"kind": kind, "calls": 0, "cur": 0, "ns": []}), []
+        s["cur"] += clock.timed(lambda: fn(*a, **kw), 1, _no_sync, lambda i, r: out.append(r))
+        s["calls_cur"] = s.get("calls_cur", 0) + 1
+        return out[0]
+
+    proxy.instrument(mod, wrapper, launch)
     for _ in range(calls):
         for s in stats.values():
             s["cur"], s["calls_cur"] = 0, 0
@@ -248,7 +189,7 @@ def _cpu_kernels(mod, wrapper, args, calls) -> dict:
 
 def _device_kernels(mod, wrapper, args, calls) -> tuple[dict, float | None]:
     """Device time per kernel name (torch.profiler) and device idle time between kernels."""
-    names = {k.name: k.kind for k in find_kernels(wrapper)}
+    names = {k.name: k.kind for k in source.kernels_in(wrapper)}
     events = _profiled_events(mod, args, calls)
     out: dict = {}
     for e in events:  # device activity (kernels, copies, memsets), grouped by name

@@ -4,9 +4,9 @@
 
 Loads the wrapper with the graph's captured inputs and constants (GRAPH_DIR defaults to
 $TILESMITH_GRAPH_DIR, which the agent's shell sets), then runs `call(args)` a few times with every
-kernel it launches wrapped: each Triton kernel's `.run`, each C++ kernel, and each `extern_kernels.*`
-library call is timed on exactly the arguments the wrapper passes it (device synchronized before and
-after each launch, so the times are per kernel, not overlapped). It prints, per kernel, the launches
+kernel it launches wrapped (tilesmith/profile/proxy.py): each Triton kernel's `.run`, each C++ kernel,
+and each `extern_kernels.*` library call is timed on exactly the arguments the wrapper passes it
+(device synchronized before and after each launch, so the times are per kernel, not overlapped). It prints, per kernel, the launches
 per graph call, the time per graph call and its share, and the shapes of its first launch's tensor
 arguments; then the uninstrumented wall time per call. A screen, not a verdict: only the gate decides.
 """
@@ -45,46 +45,6 @@ class Bench:
         return asdict(self)
 
 
-class _Timed:
-    """Stands in for one kernel object: times `.run(...)` or a direct call, forwards everything else."""
-
-    def __init__(self, inner, row: KernelRow, sync):
-        self._inner, self._row, self._sync = inner, row, sync
-
-    def _timed(self, fn, args, kwargs):
-        from tilesmith.gate import clock
-
-        if not self._row.arg_shapes:
-            self._row.arg_shapes = [tuple(a.shape) for a in args if hasattr(a, "shape")][:8]
-        out = []  # the launch's result, taken inside the timed window
-        self._row.ns += clock.timed(lambda: fn(*args, **kwargs), 1, self._sync, lambda i, r: out.append(r))
-        self._row.launches += 1
-        return out[0]
-
-    def run(self, *args, **kwargs):
-        return self._timed(self._inner.run, args, kwargs)
-
-    def __call__(self, *args, **kwargs):
-        return self._timed(self._inner, args, kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
-class _TimedNamespace:
-    """`extern_kernels` with each library function timed under its own row."""
-
-    def __init__(self, inner, rows: dict, sync):
-        self._inner, self._rows, self._sync = inner, rows, sync
-
-    def __getattr__(self, name):
-        fn = getattr(self._inner, name)
-        if not callable(fn):
-            return fn
-        row = self._rows.setdefault(f"extern_kernels.{name}", KernelRow(f"extern_kernels.{name}", "extern"))
-        return _Timed(fn, row, self._sync)
-
-
 def bench(source: str, graph_dir: str | Path, calls: int = 10) -> Bench:
     """Load `source` on the graph's captured inputs and time every kernel it launches."""
     import statistics
@@ -93,7 +53,7 @@ def bench(source: str, graph_dir: str | Path, calls: int = 10) -> Bench:
 
     from tilesmith.capture import loading
     from tilesmith.gate import clock
-    from tilesmith.search.kernels import find_kernels
+    from tilesmith.profile import proxy
     from tilesmith.source import split_header
 
     data = loading.load_graph_data(graph_dir)
@@ -107,12 +67,17 @@ def bench(source: str, graph_dir: str | Path, calls: int = 10) -> Bench:
             one_call()
         wall = [clock.timed(one_call, 1, sync) for _ in range(calls)]
         rows: dict[str, KernelRow] = {}
-        for k in find_kernels(split_header(source)[1]):
-            if hasattr(mod, k.name):
-                rows[k.name] = KernelRow(k.name, "cpp" if k.kind == "cpp" else "triton")
-                setattr(mod, k.name, _Timed(getattr(mod, k.name), rows[k.name], sync))
-        if hasattr(mod, "extern_kernels"):
-            mod.extern_kernels = _TimedNamespace(mod.extern_kernels, rows, sync)
+
+        def launch(name: str, kind: str, fn, a, kw):  # each launch timed on its own, the device synchronized
+            row = rows.setdefault(name, KernelRow(name, kind if kind in ("cpp", "extern") else "triton"))
+            if not row.arg_shapes:
+                row.arg_shapes = [tuple(x.shape) for x in a if hasattr(x, "shape")][:8]
+            out = []  # the launch's result, taken inside the timed window
+            row.ns += clock.timed(lambda: fn(*a, **kw), 1, sync, lambda i, r: out.append(r))
+            row.launches += 1
+            return out[0]
+
+        proxy.instrument(mod, split_header(source)[1], launch)
         instrumented = clock.timed(one_call, calls, sync) / calls / 1e6
     live = sorted((r for r in rows.values() if r.launches), key=lambda r: -r.ns)
     return Bench(calls, statistics.median(wall) / 1e6, instrumented, device.split(":")[0], live)

@@ -1,8 +1,8 @@
-"""Find the kernels embedded in an Inductor wrapper and rewrite their launch parameters.
+"""The launch parameters of an Inductor wrapper's kernels, and their variants for the tuner.
 
-Stdlib only: works on the wrapper text. A wrapper defines each kernel at module level as
-`name = async_compile.<triton|cpp_pybinding|cpp>(..., '''<kernel source>''', ...)`; we locate the
-string literal with `ast` and splice a new one in its place, so the rest of the wrapper is untouched.
+Stdlib only: works on the wrapper text. tilesmith/source.py finds each kernel's string literal
+(`kernels_in`) and splices a new one in its place (`replace_kernel`), so the rest of the wrapper is
+untouched; here each kernel's parameters are read (`find_kernels`) and rewritten (`variants`).
 """
 
 from __future__ import annotations
@@ -10,56 +10,16 @@ from __future__ import annotations
 import ast
 import os
 import re
-from dataclasses import dataclass, field
 
-
-@dataclass
-class Kernel:
-    name: str  # the module global, e.g. triton_poi_fused_add_0 / cpp_fused_relu_1
-    kind: str  # triton | template | cpp
-    code: str  # the kernel source inside the string literal
-    span: tuple[int, int]  # character offsets of the literal in the wrapper text
-    params: dict = field(default_factory=dict)  # what the tuner may change, read from the code
+from tilesmith.source import Kernel, kernels_in, replace_kernel  # noqa: F401 - the tuner's K.replace_kernel
 
 
 def find_kernels(src: str) -> list[Kernel]:
-    """Every kernel defined through async_compile in `src`, in source order."""
-    tree = ast.parse(src)
-    starts = _line_starts(src)
-    found = []
-    for node in tree.body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-            continue
-        call = node.value
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-                and isinstance(call.func.value, ast.Name) and call.func.value.id == "async_compile"):
-            continue
-        method = call.func.attr
-        lit = next((a for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str) and "\n" in a.value), None)
-        if lit is None or method not in ("triton", "cpp_pybinding", "cpp"):
-            continue
-        name = node.targets[0].id
-        kind = "cpp" if method.startswith("cpp") else ("template" if "triton_tem_" in name else "triton")
-        span = (starts[lit.lineno - 1] + lit.col_offset, starts[lit.end_lineno - 1] + lit.end_col_offset)
-        k = Kernel(name, kind, lit.value, span)
-        k.params = cpp_params(k.code) if kind == "cpp" else triton_params(k.code)
-        found.append(k)
+    """Every kernel defined through async_compile in `src`, in source order, with what the tuner may change."""
+    found = kernels_in(src)
+    for k in found:
+        k.params = cpp_params(k.code) if k.kind == "cpp" else triton_params(k.code)
     return found
-
-
-def replace_kernel(src: str, kernel: Kernel, new_code: str) -> str:
-    """`src` with `kernel`'s string literal replaced by one holding `new_code`."""
-    quote = "'''" if "'''" not in new_code else '"""'
-    a, b = kernel.span
-    return src[:a] + "r" + quote + new_code + quote + src[b:]
-
-
-def _line_starts(src: str) -> list[int]:
-    starts, pos = [0], 0
-    for line in src.splitlines(keepends=True):
-        pos += len(line)
-        starts.append(pos)
-    return starts
 
 
 # -- C++ (OpenMP) ------------------------------------------------------------------------------
