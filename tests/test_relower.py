@@ -170,7 +170,7 @@ def test_a_replayed_search_sends_each_relowered_variant_to_the_gate_replayed_as_
     cfg = relower.RelowerConfig(enabled="1", jobs=1, variants=[relower.Variant("scalar C++", {"cpp.vec_isa_ok": False})])
     cand = next(relower.search(track, Candidate, cfg, screen_budget_s=0.3, min_gain=-1.0, replayed=True))
     assert cand.label == relower.LABEL_PREFIX + "scalar C++" + relower.REPLAYED_SUFFIX
-    assert tuner._GRAPHED_IMPORT in cand.text and cand.text.count(tuner._GRAPHED_IMPORT) == 1
+    assert tuner.GRAPHED_IMPORT in cand.text and cand.text.count(tuner.GRAPHED_IMPORT) == 1
     assert "at::vec::Vectorized" not in cand.text and screen(cand.text) == []
 
 

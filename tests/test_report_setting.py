@@ -60,7 +60,7 @@ def _size(gdir: Path) -> int:
 def setting_run(tmp_path_factory, inductor_cache) -> SettingRun:
     from tilesmith.optimize import OptimizeSettings, optimize
     from tilesmith.search import Candidate, from_generator
-    from tilesmith.search.tuner import GRAPHED_OVER_INDUCTOR_LABEL, graphed_text
+    from tilesmith.search.graphed import GRAPHED_OVER_INDUCTOR_LABEL, graphed_text
 
     root = tmp_path_factory.mktemp("setting-run")
     ws, home = root / "ws", root / "home"
@@ -144,7 +144,7 @@ def _low(v: dict) -> float:
 
 def _lost_replay(v: dict) -> str:
     """The suffix the report adds for a rejected replay candidate, from the verdict file itself."""
-    from tilesmith.search.tuner import GRAPHED_OVER_INDUCTOR_LABEL
+    from tilesmith.search.graphed import GRAPHED_OVER_INDUCTOR_LABEL
 
     assert not v["accepted"] and v["label"] == GRAPHED_OVER_INDUCTOR_LABEL and v["first"]["timing"], v["reasons"]
     return (f"; tilesmith's replay was judged and rejected at {v['stage']}, {_decided(v)['speedup']:.3f}x "
@@ -300,7 +300,8 @@ def test_setting_counts_the_other_accepted_changes_of_a_replayed_graph(setting_r
     assert graph_setting(a, two, best).statement.startswith(f"tilesmith's replay (with 1 more accepted change) beats {RO} by ")
     assert graph_setting(a, cands, best).statement.startswith(f"tilesmith's replay beats {RO} by ")
     # a re-lowering judged together with the replay (tuner.replay_near_even): the statement names it
-    from tilesmith.search.relower import LABEL_PREFIX, REPLAYED_SUFFIX
+    from tilesmith.search.graphed import REPLAYED_SUFFIX
+    from tilesmith.search.relower import LABEL_PREFIX
 
     both = [dataclasses.replace(c, label=LABEL_PREFIX + "coordinate-descent tuning" + REPLAYED_SUFFIX) for c in cands]
     assert graph_setting(a, both, best).statement.startswith(

@@ -340,7 +340,7 @@ def test_capture_records_inductors_own_code_even_with_an_artifact_installed(tmp_
 def test_a_cuda_graph_artifact_loads_in_the_users_process_and_runs_plain_on_cpu(inference_ws, inference_baseline):
     """An artifact that ends with `call = graphed(call)` imports tilesmith.cudagraph inside the user's
     program; on CPU tensors it makes the plain call, so the output is Inductor's, and stats() says why."""
-    from tilesmith.search.tuner import graphed_text
+    from tilesmith.search.graphed import graphed_text
 
     cache, baseline = inference_baseline
     (k,) = keys(inference_ws)

@@ -43,7 +43,7 @@ consts = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in da
 text = open(GDIR + "/wrapper.py").read()
 texts = [("original", text)]
 if device == "cuda":
-    from tilesmith.search.tuner import graphed_text
+    from tilesmith.search.graphed import graphed_text
     texts.append(("replay", graphed_text(text)))
 for role, t in texts:
     call = loading.load_module(t, consts).call

@@ -70,7 +70,7 @@ def test_gpu_corpus_original_is_judged_not_faster_than_itself(captured, name, tm
 
 @pytest.mark.parametrize("name", ["moe", "gpt2", "resnet18", "vit"])
 def test_gpu_corpus_whole_call_replay_of_a_default_mode_graph_is_accepted(captured, name, tmp_path):
-    from tilesmith.search.tuner import graphed_text
+    from tilesmith.search.graphed import graphed_text
 
     problems = []
     for g in _graphs(captured, name):

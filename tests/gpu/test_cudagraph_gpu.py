@@ -27,7 +27,7 @@ def launch_graph(tmp_path_factory, inductor_cache) -> Path:
 
 def _modules(graph: Path):
     from tilesmith.capture import loading
-    from tilesmith.search.tuner import graphed_text
+    from tilesmith.search.graphed import graphed_text
 
     data = loading.load_graph_data(graph)
     text = (graph / "wrapper.py").read_text()
@@ -407,7 +407,7 @@ def test_gpu_graphed_steps_aside_inside_the_callers_own_capture(launch_graph):
 
 def test_gpu_gate_accepts_the_graphed_wrapper_of_a_launch_bound_graph(launch_graph, tmp_path):
     from tilesmith.gate import Policy, judge
-    from tilesmith.search.tuner import graphed_text
+    from tilesmith.search.graphed import graphed_text
 
     cand = tmp_path / "graphed.py"
     cand.write_text(graphed_text((launch_graph / "wrapper.py").read_text()))
@@ -493,7 +493,7 @@ def test_gpu_gate_times_a_reduce_overhead_original_through_the_cudagraph_trees(r
     timed through Inductor's cudagraph trees (as the program runs it), not as a bare replay, and the
     decision is a timing decision (accepted, or rejected as not faster), never a failure to set it up."""
     from tilesmith.gate import Policy, judge
-    from tilesmith.search.tuner import graphed_text
+    from tilesmith.search.graphed import graphed_text
 
     graph = ro_graph
     cand = tmp_path / "graphed.py"

@@ -76,7 +76,7 @@ def test_gpu_gate_spends_the_programs_gap_before_each_timed_call_of_both_roles(r
     """Our replay of the reduce-overhead graph against Inductor's trees, timed as the program runs them: the
     verdict says how much host time it spent per call, the graph.json's, and decides on timing."""
     from tilesmith.gate import Policy, judge
-    from tilesmith.search.tuner import graphed_text
+    from tilesmith.search.graphed import graphed_text
 
     meta = json.loads((ro_loop / "graph.json").read_text())
     cand = tmp_path / "graphed.py"

@@ -63,7 +63,7 @@ def test_gpu_training_step_replays_every_graphed_artifact_without_a_plain_fallba
     graph must replay (not fall back to plain calls) and the loss must be the plain program's. Under
     reduce-overhead the runtime turns Inductor's CUDA graphs off for these graphs."""
     from tilesmith.cudagraph import MAX_RECORDS
-    from tilesmith.search.tuner import graphed_text
+    from tilesmith.search.graphed import graphed_text
 
     ws = tmp_path / "ws"
     extra = ["--device", "cuda", "--mode", mode] if mode != "default" else ["--device", "cuda"]
@@ -106,7 +106,7 @@ def test_gpu_verify_passes_honest_replayed_training_graphs_and_drops_a_perturbed
     check) with the plain program's loss; then the same with one forward graph perturbed: it is dropped on
     its first call, through tilesmith's replay of Inductor's code under reduce-overhead, and the loss is
     still the plain program's."""
-    from tilesmith.search.tuner import graphed_text
+    from tilesmith.search.graphed import graphed_text
 
     ws = tmp_path / "ws"
     extra = ["--device", "cuda", "--mode", mode] if mode != "default" else ["--device", "cuda"]

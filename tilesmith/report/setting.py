@@ -66,7 +66,7 @@ def graph_setting(g, cands: list, best_text: str | None) -> GraphSetting:
     """The setting line of GraphReport `g`: `cands` are its CandidateRows, `best_text` the accepted
     source (the track's best.py, or the reused artifact), None when nothing was accepted."""
     from tilesmith.gate import own_replay
-    from tilesmith.search.relower import REPLAYED_SUFFIX
+    from tilesmith.search.graphed import REPLAYED_SUFFIX
 
     sp, lo = g.speedup, g.speedup_low
     cuda = g.device.startswith("cuda")
@@ -120,7 +120,7 @@ def _cached_mode(cached: dict) -> str:
 
 def _replay_tried(cands: list) -> str:
     """'; tilesmith's replay was rejected at ...' when the tuner's replay candidate was judged and lost."""
-    from tilesmith.search.tuner import GRAPHED_LABEL, GRAPHED_OVER_INDUCTOR_LABEL
+    from tilesmith.search.graphed import GRAPHED_LABEL, GRAPHED_OVER_INDUCTOR_LABEL
 
     lost = [c for c in cands if not c.accepted and c.label in (GRAPHED_LABEL, GRAPHED_OVER_INDUCTOR_LABEL)]
     if not lost:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tilesmith.launch import forked, sandbox
 from tilesmith.capture import repro
+from tilesmith.search.graphed import GRAPHED_IMPORT, REPLAYED_SUFFIX, graphed_text
 from tilesmith.workspace import graph_devices, load_graph_json
 
 WHOLE_GRAPH = "(whole graph)"
@@ -312,31 +313,22 @@ def _body(text: str) -> str:
     return re.sub(r"\b(cpp_fused|triton_[a-z]+_fused)(?:_\w+?)?_(\d+)\b", r"\1_\2", body)
 
 
-REPLAYED_SUFFIX = " + whole call replayed (tilesmith.cudagraph)"
-
-
 def _proposed(current: str, lw: Lowered, replayed: bool) -> tuple[str, str]:
     """(text, label) of a re-lowered variant as it goes to the gate."""
-    from tilesmith.search.tuner import _GRAPHED_IMPORT, graphed_text
-
     text, label = _as_current(current, lw.text), LABEL_PREFIX + lw.variant.label
-    if replayed and _GRAPHED_IMPORT not in text:
+    if replayed and GRAPHED_IMPORT not in text:
         text, label = graphed_text(text), label + REPLAYED_SUFFIX
     return text, label
 
 
 def _as_current(current: str, text: str) -> str:
     """A re-lowered wrapper with the whole-call moves already accepted on the current code (graphed)."""
-    from tilesmith.search.tuner import _GRAPHED_IMPORT, graphed_text
-
-    return graphed_text(text) if _GRAPHED_IMPORT in current else text
+    return graphed_text(text) if GRAPHED_IMPORT in current else text
 
 
 def _production_text(graph_dir):
     """How to time a wrapper as production runs it: replayed from a CUDA graph when Inductor compiled
     the graph with cudagraphs (its cudagraph trees will wrap whatever we install), else as is."""
-    from tilesmith.search.tuner import graphed_text
-
     meta = load_graph_json(Path(graph_dir))
     if str(meta.get("device", "")).startswith("cuda") and meta.get("compile_mode") == "cudagraphs":
         return graphed_text

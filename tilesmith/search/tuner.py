@@ -17,6 +17,7 @@ from typing import Generator
 
 from tilesmith.search import Candidate, Track, from_generator
 from tilesmith.search import kernels as K
+from tilesmith.search.graphed import GRAPHED_IMPORT, GRAPHED_LABEL, GRAPHED_OVER_INDUCTOR_LABEL, graphed_text
 from tilesmith.search.measure import screen
 
 
@@ -103,7 +104,7 @@ def _relowered_then_replayed(inner: Generator[Candidate, dict, None], track: Tra
             except StopIteration:
                 return
             verdict = yield cand
-            if verdict and verdict.get("accepted") and not tried and _GRAPHED_IMPORT not in track.best_text \
+            if verdict and verdict.get("accepted") and not tried and GRAPHED_IMPORT not in track.best_text \
                     and _inductor_replays(track):
                 tried = True
                 yield from _graphed_step(track, cfg)
@@ -186,23 +187,8 @@ def _ordered(kernels: list, profile) -> list:
     return sorted(kernels, key=lambda k: -share.get(k.name, -1.0))
 
 
-GRAPHED_LABEL = "whole call replayed from a CUDA graph (tilesmith.cudagraph)"
-_GRAPHED_IMPORT = "from tilesmith.cudagraph import graphed"
-_GRAPHED_TAIL = ("\n\n# tilesmith: this wrapper's launches replayed from a CUDA graph on the caller's stream, inputs\n"
-                 f"# read in place where they stay put (tilesmith/cudagraph.py)\n{_GRAPHED_IMPORT}\ncall = graphed(call)\n")
-
-
-GRAPHED_OVER_INDUCTOR_LABEL = ("whole call replayed by tilesmith.cudagraph instead of Inductor's CUDA graphs "
-                               "(the runtime turns reduce-overhead's replay off for this graph)")
-
-
 def _graphed_label(track) -> str:
     return GRAPHED_OVER_INDUCTOR_LABEL if _inductor_replays(track) else GRAPHED_LABEL
-
-
-def graphed_text(text: str) -> str:
-    """The wrapper with its call(args) replayed from a CUDA graph (once: already graphed stays as is)."""
-    return text if _GRAPHED_IMPORT in text else text.rstrip("\n") + _GRAPHED_TAIL
 
 
 def _screen_graphed(track, cfg: TunerConfig) -> bool:
@@ -224,7 +210,7 @@ def _graphable(track, cfg: TunerConfig) -> bool:
     meta = load_graph_json(track.graph_dir)
     if not str(meta.get("device", "")).startswith("cuda"):
         return False
-    if _GRAPHED_IMPORT in track.best_text:
+    if GRAPHED_IMPORT in track.best_text:
         return False
     p = track.profile
     return p is None or p.launch_overhead_share >= cfg.graph_min_overhead_share
