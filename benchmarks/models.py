@@ -97,9 +97,9 @@ def build(name: str, device: str):
 
     torch.manual_seed(0)
     if name == "moe":
-        import moe_benchmark
+        from benchmarks import moe_model
 
-        model, tokens = moe_benchmark.build(device)
+        model, tokens = moe_model.build(device)
         return model, (tokens,), False
     if name in ("gpt2", "llama", "gpt2-train"):
         train = name.endswith("-train")
