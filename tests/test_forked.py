@@ -1,4 +1,4 @@
-"""Workers forked from the zygote (tilesmith/zygote.py, tilesmith/forked.py): the same sandbox, environment,
+"""Workers forked from the zygote (tilesmith/launch/zygote.py, tilesmith/launch/forked.py): the same sandbox, environment,
 descriptors and exit statuses as a worker started as a new interpreter, and none outlives its parent."""
 
 from __future__ import annotations
