@@ -172,7 +172,7 @@ def test_the_tuner_runs_first_and_its_log_reaches_the_agent(slow_ws):
     from tilesmith.search.agent.optimizer import run_track
 
     (g,) = sorted((slow_ws / "graphs").iterdir())
-    track = Track(runs.create_run({}, str(slow_ws), {}).name, g.name, g, None, threading.Event())
+    track = Track(runs.create_run({}, str(slow_ws), {}).run_id, g.name, g, None, threading.Event())
     track.profile = profile_graph(g)
     judged = []  # what reached the judging function (the driver's gate is not what this test is about)
     model = ScriptedChatModel(reply=Script([ai("", tc("finish", reason="the tuner did what launch parameters can")),

@@ -170,7 +170,7 @@ def test_web_search_binds_the_providers_tool_through_the_responses_api(slow_ws, 
     from tilesmith.search.agent.optimizer import run_track
 
     (g,) = sorted((slow_ws / "graphs").iterdir())
-    track = Track(runs.create_run({}, str(slow_ws), {}).name, g.name, g, None, threading.Event())
+    track = Track(runs.create_run({}, str(slow_ws), {}).run_id, g.name, g, None, threading.Event())
     submitted = []  # the host gate's part is not what this test is about: record and reject
     stub = StubOpenAI(responses_route, model="stub-model")
     try:

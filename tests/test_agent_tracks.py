@@ -219,7 +219,7 @@ def test_interrupt_or_time_limit_ends_the_agent_turn_at_its_next_model_call(slow
     register_model("scripted-busy", lambda: model)
     try:
         g = _graph(slow_ws)
-        rid = runs.create_run({}, str(slow_ws), {}).name
+        rid = runs.create_run({}, str(slow_ws), {}).run_id
         track = Track(rid, g.name, g, None, stop)
         produced = []  # what the agent's loop submitted to the host gate
         settings = OptimizeSettings(optimizer="agent", model="scripted-busy", warm_start=False).resolved()
@@ -246,8 +246,8 @@ def test_ctrl_c_during_an_agent_turn_ends_the_run_as_interrupted_and_keeps_the_v
         _run(slow_ws, "scripted-ctrl-c", script)
     (rid,) = [p.name for p in paths.runs_dir().iterdir()]
     run = runs.load_run(rid)
-    (t,) = run["graphs"].values()
-    assert run["status"] == "interrupted" and t["status"] == "interrupted" and t["candidates"] == 1
+    (t,) = run.graphs.values()
+    assert run.status == "interrupted" and t["status"] == "interrupted" and t["candidates"] == 1
     profiles = runs.track_dir(rid, t["key"]) / "profiles"
     assert json.loads((profiles / "verdict_000.json").read_text())["stage"] == "static"
     nodes = [json.loads(line)["node"] for line in (profiles / "loop.jsonl").read_text().splitlines()]

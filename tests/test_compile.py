@@ -27,10 +27,10 @@ def test_compile_optimizes_on_the_first_call_swaps_the_win_in_and_a_second_compi
     assert first["max_error"] < 1e-5
     assert first["run_id"] and len(first["swapped"]) == 1
     run = runs.load_run(first["run_id"])
-    (track,) = run["graphs"].values()
+    (track,) = run.graphs.values()
     assert track["status"] == "done" and track["loops_done"] == 1 and track["speedup_low"] > 1.02
     second = drive("inference")  # a new process, the same model: the installed artifact, no optimizer
-    (again,) = runs.load_run(second["run_id"])["graphs"].values()
+    (again,) = runs.load_run(second["run_id"]).graphs.values()
     assert again["status"] == "cached" and again["candidates"] == 0
     assert second["swapped"] == first["swapped"] and second["max_error"] < 1e-5
     assert (runs.track_dir(second["run_id"], second["swapped"][0]) / "cache.json").exists()
@@ -43,7 +43,7 @@ def test_compile_of_a_training_step_optimizes_forward_and_backward_and_gradients
     # A fresh compile makes the backward at the first backward pass, so it is optimized at the start of
     # the second call (two runs); on an AOTAutograd cache hit both graphs load at the first call (one run).
     assert len(r["runs"]) in (1, 2)
-    kinds = sorted(g["kind"] for rid in r["runs"] for g in runs.load_run(rid)["graphs"].values())
+    kinds = sorted(g["kind"] for rid in r["runs"] for g in runs.load_run(rid).graphs.values())
     assert kinds == ["backward", "forward"]
 
 

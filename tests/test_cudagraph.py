@@ -14,6 +14,7 @@ from tilesmith.capture import loading
 from tilesmith.cudagraph import Graphed, graphed
 from tilesmith.gate.static import screen
 from tilesmith.search import tuner
+from tilesmith.workspace import Graph
 
 
 def test_graphed_wrapper_passes_the_static_screen_and_other_tilesmith_imports_do_not(inference_ws):
@@ -172,7 +173,8 @@ def test_tuner_proposes_the_cuda_graph_variant_for_launch_bound_cuda_graphs_also
     cpu = h.graph_of(inference_ws)
     text = (cpu / "wrapper.py").read_text()
     track = lambda gdir, share, best=text: SimpleNamespace(  # noqa: E731
-        graph_dir=gdir, best_text=best, profile=None if share is None else SimpleNamespace(launch_overhead_share=share))
+        graph_dir=gdir, graph=Graph(gdir), best_text=best,
+        profile=None if share is None else SimpleNamespace(launch_overhead_share=share))
     cfg = tuner.TunerConfig()
     assert not tuner._graphable(track(cpu, 0.9), cfg)  # a CPU graph
     cuda = tmp_path / "g"

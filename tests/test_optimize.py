@@ -93,7 +93,7 @@ def test_loops_need_confirmed_wins_and_a_rejected_candidate_keeps_the_same_loop_
     best = json.loads((track / "best.json").read_text())
     assert best["verdict"]["accepted"] and best["sha256"] == runs.sha256_file(track / "best.py")
     run = runs.load_run(r.run_id)
-    assert run["status"] == "complete" and run["graphs"][t.key]["loops_done"] == 1
+    assert run.status == "complete" and run.graphs[t.key]["loops_done"] == 1
 
     # installed with these settings, the same settings are an exact hit: no optimizer runs again
     assert [g.status for g in install(r.run_id).graphs] == ["installed"]
@@ -120,7 +120,7 @@ def test_max_minutes_stops_cleanly_and_resume_carries_on(oversub_ws):
     assert (runs.track_dir(r.run_id, r.tracks[0].key) / "profiles" / "baseline.json").exists()
     # the last loop's accepted verdict ends the track (not sent back); `seen` holds only the misses
     assert resumed.tracks[0].candidates == len(seen) + 1 and not any(v["accepted"] for v in seen)
-    assert runs.load_run(r.run_id)["status"] == "complete"
+    assert runs.load_run(r.run_id).status == "complete"
 
 
 def test_graphs_option_selects_by_key_prefix_and_refuses_ineligible_or_unknown(training_ws):
@@ -314,8 +314,8 @@ def test_ctrl_c_keeps_the_confirmed_win_marks_the_run_interrupted_and_resume_fin
                      optimizer=from_generator(propose))
     (rid,) = [p.name for p in paths.runs_dir().iterdir()]
     run = runs.load_run(rid)
-    (t,) = run["graphs"].values()
-    assert run["status"] == "interrupted" and t["status"] == "interrupted" and t["loops_done"] == 1
+    (t,) = run.graphs.values()
+    assert run.status == "interrupted" and t["status"] == "interrupted" and t["loops_done"] == 1
     assert json.loads((runs.track_dir(rid, t["key"]) / "best.json").read_text())["verdict"]["accepted"]
     resumed = opt.optimize(resume=rid, optimizer=from_generator(_nothing_to_try))
     assert resumed.status == "complete" and resumed.tracks[0].loops_done == 1 and resumed.tracks[0].status == "done"
@@ -471,4 +471,4 @@ def test_optimize_cli_after_ctrl_c_exits_130_and_names_the_command_that_resumes_
     out, err = p.communicate(timeout=300)
     assert p.returncode == 130, first + err
     assert f"interrupted: what was confirmed is saved; `tilesmith optimize --resume {rid}` carries on" in err, err
-    assert runs.load_run(rid)["status"] == "interrupted"
+    assert runs.load_run(rid).status == "interrupted"

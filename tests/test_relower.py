@@ -13,7 +13,7 @@ from tilesmith.capture import repro
 from tilesmith.gate.static import screen
 from tilesmith.search import relower
 from tilesmith.search import Candidate
-from tilesmith.workspace import load_graph_json
+from tilesmith.workspace import Graph, load_graph_json
 
 
 def test_capture_keeps_the_lowered_graphs_repro_and_says_it_can_be_lowered_again(inference_ws):
@@ -23,7 +23,7 @@ def test_capture_keeps_the_lowered_graphs_repro_and_says_it_can_be_lowered_again
     text = (gdir / repro.REPRO_FILE).read_text()
     assert "class Repro(" in text and "TORCHINDUCTOR_CACHE_DIR" not in text
     assert len(repro.placeholders(text)) == len(meta["inputs"])
-    assert relower.available(gdir) == (True, "")
+    assert relower.available(Graph(gdir)) == (True, "")
 
 
 def test_repro_status_binds_large_constants_by_name_and_says_why_when_it_cannot():
@@ -46,6 +46,7 @@ class _Track:
 
     def __init__(self, gdir):
         self.graph_dir, self.best_text, self.profile, self.records = gdir, (gdir / "wrapper.py").read_text(), None, []
+        self.graph = Graph(gdir)
 
     def record(self, event: dict) -> None:
         self.records.append(event)
@@ -181,7 +182,7 @@ def test_relowered_variants_go_replayed_only_after_a_near_even_replay_of_a_graph
 
     def near(mode, verdict):
         (tmp_path / "graph.json").write_text(json.dumps({"compile_mode": mode, "device": "cuda:0"}))
-        return tuner.replay_near_even(type("T", (), {"graph_dir": tmp_path})(), verdict)
+        return tuner.replay_near_even(type("T", (), {"graph_dir": tmp_path, "graph": Graph(tmp_path)})(), verdict)
 
     def timed(speedup, accepted=False, stage="timing", code="not-faster"):
         return {"accepted": accepted, "stage": stage, "first": {"timing": {"speedup": speedup}},
@@ -218,7 +219,7 @@ def test_after_an_accepted_relowering_of_a_graph_inductor_replays_the_replay_of_
     monkeypatch.setattr(tuner, "_graphed_step", replayed)
     for mode, want in (("cudagraphs", ["lowered-1", "replay", "lowered-2"]), ("none", ["lowered-1", "lowered-2"])):
         (tmp_path / "graph.json").write_text(json.dumps({"compile_mode": mode, "device": "cuda:0"}))
-        track = type("T", (), {"graph_dir": tmp_path, "best_text": "def call(args):\n    pass\n"})()
+        track = type("T", (), {"graph_dir": tmp_path, "graph": Graph(tmp_path), "best_text": "def call(args):\n    pass\n"})()
         got.clear()
         gen = tuner._relowered_then_replayed(inner(), track, tuner.TunerConfig())
         seen = [next(gen).text]

@@ -144,23 +144,23 @@ def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSe
         from tilesmith.search.agent.provider import check_provider
 
         check_provider(settings)
-    run = run or runs.load_run(runs.create_run(asdict(settings), str(ws.path), ws.environment).name)
-    tracks = {g.key: TrackResult(**{**asdict(TrackResult(g.key, g.kind)), **run["graphs"].get(g.key, {})}) for g in graphs}
+    run = run or runs.create_run(asdict(settings), str(ws.path), ws.environment)
+    tracks = {g.key: TrackResult(**{**asdict(TrackResult(g.key, g.kind)), **run.graphs.get(g.key, {})}) for g in graphs}
     lock = threading.Lock()
 
     def save(t: TrackResult | None = None):
         with lock:
             if t is not None:
-                run["graphs"][t.key] = asdict(t)
-            runs.save_run(run)
+                run.graphs[t.key] = asdict(t)
+            run.save()
 
     for t in tracks.values():
         save(t)
-    r = _Run(run["run_id"], ws, settings, optimizer,
+    r = _Run(run.run_id, ws, settings, optimizer,
              time.monotonic() + settings.max_minutes * 60 if settings.max_minutes else None, threading.Event(), save, note)
     interrupted = False
     try:  # from the moment the caller learns the run id, a Ctrl-C leaves the run marked interrupted
-        note("run", run_id=run["run_id"], graphs=len(graphs))
+        note("run", run_id=run.run_id, graphs=len(graphs))
         with keep_spares(default_spares()) as r.spares:  # decisions run back to back: workers start ahead
             _work_all(r, graphs, tracks)
     except KeyboardInterrupt:
@@ -172,13 +172,13 @@ def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSe
             t.status = "interrupted"
         elif t.status == "pending" and not interrupted and settings.max_minutes:
             t.reason = f"not started: the {settings.max_minutes:g}-minute budget (--max-minutes) was spent; " \
-                       f"`tilesmith optimize --resume {run['run_id']}` carries on"
+                       f"`tilesmith optimize --resume {run.run_id}` carries on"
         save(t)
-    run["status"], run["ended"] = "interrupted" if (interrupted or unfinished) else "complete", runs.now_iso()
+    run.status, run.ended = "interrupted" if (interrupted or unfinished) else "complete", runs.now_iso()
     save()
     if interrupted:
         raise KeyboardInterrupt
-    return OptimizeResult(r.run_id, run["status"], list(tracks.values()))
+    return OptimizeResult(r.run_id, run.status, list(tracks.values()))
 
 
 def _start(workspace, settings: OptimizeSettings | None, resume: str | None):
@@ -187,12 +187,12 @@ def _start(workspace, settings: OptimizeSettings | None, resume: str | None):
         return None, (settings or OptimizeSettings()).resolved(), workspace
     run = runs.load_run(resume)
     given = settings
-    settings = OptimizeSettings(**{k: v for k, v in run["settings"].items() if k in OptimizeSettings.__dataclass_fields__})
+    settings = OptimizeSettings(**{k: v for k, v in run.settings.items() if k in OptimizeSettings.__dataclass_fields__})
     # What limits this session is the caller's, not the interrupted run's.
     settings.max_minutes = given.max_minutes if given else None
     settings.jobs = given.jobs if given else settings.jobs
-    run["status"], run["ended"] = "running", None
-    return run, settings.resolved(), run["workspace"]
+    run.status, run.ended = "running", None
+    return run, settings.resolved(), run.workspace
 
 
 def _work_all(r: _Run, graphs, tracks: dict[str, TrackResult]) -> None:

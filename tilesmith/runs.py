@@ -1,4 +1,4 @@
-"""Runs on disk: runs/<run-id>/run.json and one track folder per graph.
+"""Runs on disk: runs/<run-id>/run.json (Run) and one track folder per graph.
 
 A track (`runs/<run-id>/<key>/`) holds `attempts/attempt_00..04.py` (five rolling sources),
 `profiles/` (every verdict and profile as JSON), and, once the gate accepted something,
@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import secrets
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tilesmith import paths
@@ -32,18 +33,61 @@ def new_run_id() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-def create_run(settings: dict, workspace: str, environment: dict, run_id: str | None = None) -> Path:
-    rid = run_id or new_run_id()
-    d = paths.run_dir(rid)
-    d.mkdir(parents=True, exist_ok=False)
-    write_json(d / "run.json", {"run_id": rid, "created": now_iso(), "ended": None, "status": "running",
-                                "workspace": str(workspace), "settings": settings, "environment": environment,
-                                "graphs": {}})
-    return d
+@dataclass
+class Run:
+    """One run's record, runs/<run-id>/run.json: what was asked (`settings`), of which workspace, on which
+    stack (`environment`), how it stands (`status`: running | complete | interrupted | failed, `ended`), and
+    per graph what its track came to (`graphs`: key -> optimize's TrackResult, or submit's verdict, as a dict)."""
+
+    run_id: str
+    created: str | None = None
+    workspace: str | None = None
+    settings: dict = field(default_factory=dict)
+    environment: dict = field(default_factory=dict)
+    status: str = "running"
+    ended: str | None = None
+    graphs: dict = field(default_factory=dict)
+
+    @property
+    def dir(self) -> Path:
+        return paths.run_dir(self.run_id)
+
+    def save(self) -> None:
+        """Write run.json (atomically, known secret values redacted)."""
+        write_json(self.dir / "run.json", self.to_dict())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d, asked: str | None = None) -> "Run":
+        """The Run a run.json holds; a TilesmithError (corrupt-run) when it is no run record. Fields of the wrong
+        type read as missing (a report of a damaged run still shows what it can)."""
+        if not isinstance(d, dict) or not isinstance(d.get("run_id"), str) or not isinstance(d.get("graphs", {}), dict):
+            raise TilesmithError(f"run.json of run '{asked or 'newest'}' is not a run record", code="corrupt-run",
+                                 hint=f"look at {paths.runs_dir()}; a run.json holds run_id, settings and graphs")
+        dict_or_empty = lambda v: v if isinstance(v, dict) else {}  # noqa: E731
+        return cls(d["run_id"], d.get("created"), d.get("workspace"), dict_or_empty(d.get("settings")),
+                   dict_or_empty(d.get("environment")), d.get("status", "unknown"), d.get("ended"), d.get("graphs") or {})
+
+    # Read access by name, as run.json's dict gave it before Run: tilesmith/install.py still reads a run so.
+    def __getitem__(self, name: str):
+        return getattr(self, name)
+
+    def get(self, name: str, default=None):
+        return getattr(self, name, default)
 
 
-def load_run(run_id: str | None = None) -> dict:
-    """run.json of `run_id` (a unique prefix is enough), or of the newest run when None."""
+def create_run(settings: dict, workspace: str, environment: dict, run_id: str | None = None) -> Run:
+    """A new run's folder and its run.json (status running)."""
+    run = Run(run_id or new_run_id(), now_iso(), str(workspace), settings, environment)
+    run.dir.mkdir(parents=True, exist_ok=False)
+    run.save()
+    return run
+
+
+def load_run(run_id: str | None = None) -> Run:
+    """The run `run_id` (a unique prefix is enough), or the newest run when None."""
     root = paths.runs_dir()
     ids = sorted(p.name for p in root.iterdir() if (p / "run.json").exists()) if root.is_dir() else []
     if not ids:
@@ -57,13 +101,10 @@ def load_run(run_id: str | None = None) -> dict:
                                  hint=f"runs live in {root}; the newest is {ids[-1]}")
         rid = hits[0]
     try:
-        return json.loads((root / rid / "run.json").read_text())
+        d = json.loads((root / rid / "run.json").read_text())
     except json.JSONDecodeError as e:
         raise TilesmithError(f"{root / rid / 'run.json'} is corrupt: {e}", code="corrupt-run") from None
-
-
-def save_run(run: dict) -> None:
-    write_json(paths.run_dir(run["run_id"]) / "run.json", run)
+    return Run.from_dict(d, run_id)
 
 
 def track_dir(run_id: str, key: str) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tilesmith import paths, runs
 from tilesmith.errors import TilesmithError
-from tilesmith.workspace import load_graph_json, write_json
+from tilesmith.workspace import Graph, write_json
 
 
 @dataclass
@@ -33,8 +33,8 @@ def submit(graph_dir: str | Path, candidate_path: str | Path, policy=None) -> Su
     from tilesmith.gate import judge
     from tilesmith.gate.verdict import Policy
 
-    gdir = paths.absolute(graph_dir)
-    meta = load_graph_json(gdir)
+    graph = Graph(paths.absolute(graph_dir))
+    gdir, meta = graph.dir, graph.meta
     cand = paths.absolute(candidate_path)
     try:
         text = cand.read_text()
@@ -44,28 +44,27 @@ def submit(graph_dir: str | Path, candidate_path: str | Path, policy=None) -> Su
     policy = policy or Policy()
     key = meta["key"]
     settings = {"optimizer": "manual", "candidate": str(cand.resolve()), "policy": policy.to_dict()}
-    rdir = runs.create_run(settings, str(gdir.resolve().parent.parent), meta.get("environment") or {})
-    run = runs.load_run(rdir.name)
-    attempt = runs.push_attempt(run["run_id"], key, text)
+    run = runs.create_run(settings, str(gdir.resolve().parent.parent), meta.get("environment") or {})
+    attempt = runs.push_attempt(run.run_id, key, text)
     status = "failed"
     try:
         verdict = judge(gdir, attempt, policy)
         vd = verdict.to_dict() if hasattr(verdict, "to_dict") else dict(verdict)
-        profiles = runs.track_dir(run["run_id"], key) / "profiles"
+        profiles = runs.track_dir(run.run_id, key) / "profiles"
         profiles.mkdir(parents=True, exist_ok=True)
         write_json(profiles / "verdict_000.json", vd)
         best = None
         if vd.get("accepted"):
-            best = runs.record_best(run["run_id"], key, attempt.read_text(), vd, str(gdir.resolve()),
+            best = runs.record_best(run.run_id, key, attempt.read_text(), vd, str(gdir.resolve()),
                                     meta.get("kind", ""), settings)
             if runs.sha256_file(best) != vd.get("candidate_sha256"):
                 # The gate hashed other bytes than the ones recorded: install would refuse them anyway.
                 raise TilesmithError("the recorded best.py does not hash to what the gate judged",
                                      code="hash-mismatch")
-        run["graphs"][key] = {"accepted": bool(vd.get("accepted")), "stage": vd.get("stage"),
+        run.graphs[key] = {"accepted": bool(vd.get("accepted")), "stage": vd.get("stage"),
                               "reasons": [r.get("code") for r in vd.get("reasons") or []]}
         status = "complete"
     finally:
-        run.update(status=status, ended=runs.now_iso())
-        runs.save_run(run)
-    return SubmitResult(run["run_id"], key, bool(vd.get("accepted")), vd, str(best) if best else None)
+        run.status, run.ended = status, runs.now_iso()
+        run.save()
+    return SubmitResult(run.run_id, key, bool(vd.get("accepted")), vd, str(best) if best else None)

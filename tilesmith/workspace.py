@@ -1,7 +1,9 @@
-"""The capture workspace on disk: workspace.toml plus graphs/<key>/ (wrapper.py, graph.json, data.pt)."""
+"""The capture workspace on disk: workspace.toml (Workspace) plus graphs/<key>/ (Graph: wrapper.py, graph.json,
+data.pt)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tomllib
@@ -111,15 +113,99 @@ def load(path: Path | str) -> Workspace:
         ) from None
 
 
-def load_graph_json(gdir: Path | str) -> dict:
-    f = Path(gdir) / GRAPH_FILE
+class Graph:
+    """One captured graph, graphs/<key>/ of a workspace, each of its files read once, when first asked for:
+    `meta` (graph.json: inputs and outputs with their layouts and value ranges, device, kind, compile mode, the
+    program's gap between calls), `wrapper` (wrapper.py: the FX program as comments, then the canonical wrapper)
+    and `data()` (data.pt: the first real call's inputs, outputs, constants and RNG state; this one loads torch).
+    A missing or corrupt graph.json is a TilesmithError when `meta` is first read."""
+
+    def __init__(self, folder: Path | str):
+        self.dir = Path(folder)
+        self._data: dict = {}  # device_map (as repr) -> GraphData
+
+    def __repr__(self) -> str:
+        return f"Graph({str(self.dir)!r})"
+
+    @functools.cached_property
+    def meta(self) -> dict:
+        f = self.dir / GRAPH_FILE
+        try:
+            return json.loads(f.read_text())
+        except FileNotFoundError:
+            raise TilesmithError(f"{paths.shown(self.dir)} is not a captured graph ({GRAPH_FILE} is missing)",
+                                 code="no-graph", hint="pass a folder under <workspace>/graphs/") from None
+        except json.JSONDecodeError as e:
+            raise TilesmithError(f"{paths.shown(f)} is corrupt: {e}", code="corrupt-graph", hint="capture again") from None
+
+    @functools.cached_property
+    def wrapper(self) -> str:
+        return (self.dir / WRAPPER_FILE).read_text()
+
+    @property
+    def key(self) -> str:
+        return str(self.meta["key"])
+
+    @property
+    def device(self) -> str:
+        """The torch device it runs on: "cpu", "cuda:0"."""
+        return str(self.meta.get("device") or "cpu")
+
+    @property
+    def compile_mode(self) -> str:
+        """plain | cudagraphs (Inductor replays it: reduce-overhead, max-autotune); "" where not recorded."""
+        return str(self.meta.get("compile_mode") or "")
+
+    def data(self, device_map=None) -> GraphData:
+        """data.pt, with graph.json as `meta` (loaded once per `device_map`, torch.load's map_location);
+        a TilesmithError when the capture stored none or it cannot be read."""
+        if repr(device_map) not in self._data:
+            self._data[repr(device_map)] = _load_data(self, device_map)
+        return self._data[repr(device_map)]
+
+
+@dataclass
+class GraphData:
+    """The first real call of a graph: inputs, outputs, constants and the RNG state before it."""
+
+    meta: dict
+    inputs: list
+    outputs: list
+    constants: dict
+    rng: dict
+
+
+def _load_data(graph: Graph, device_map) -> GraphData:
+    import torch
+
+    meta, f = graph.meta, graph.dir / DATA_FILE
+    if not f.exists():
+        raise TilesmithError(f"{graph.dir.name[:12]}: no stored inputs ({meta.get('data_note') or 'data.pt missing'})",
+                             code="no-data", hint="capture again (raise --max-input-bytes if the budget was hit)")
+    if device_map is None and "cuda" in str(meta.get("device") or ""):
+        _init_cuda(torch)
     try:
-        return json.loads(f.read_text())
-    except FileNotFoundError:
-        raise TilesmithError(f"{paths.shown(gdir)} is not a captured graph ({GRAPH_FILE} is missing)", code="no-graph",
-                             hint="pass a folder under <workspace>/graphs/") from None
-    except json.JSONDecodeError as e:
-        raise TilesmithError(f"{paths.shown(f)} is corrupt: {e}", code="corrupt-graph", hint="capture again") from None
+        data = torch.load(f, map_location=device_map, weights_only=False)
+    except Exception as e:
+        raise TilesmithError(f"{f} is unreadable: {e}", code="corrupt-graph", hint="capture again") from None
+    return GraphData(meta, data["inputs"], data["outputs"], data.get("constants", {}), data.get("rng", {}))
+
+
+def _init_cuda(torch) -> None:
+    """Start CUDA before loading CUDA tensors. Before it starts, torch.cuda.device_count() asks NVML, and in a
+    worker forked from the zygote (which imported torch with NVML-based checks) NVML counted no device while
+    the CUDA runtime saw one: torch.load then refused the graph's data ("device_count() is 0"), which failed
+    every forked profile and screen worker on the H200. Once CUDA has started the count comes from the CUDA
+    runtime. The gate's workers never met it: they create their CUDA context before loading."""
+    try:
+        torch.cuda.init()
+    except Exception:  # noqa: BLE001 - no usable CUDA: torch.load says so in its own words just below
+        pass
+
+
+def load_graph_json(gdir: Path | str) -> dict:
+    """graph.json of the captured graph in `gdir` (Graph(gdir).meta)."""
+    return Graph(gdir).meta
 
 
 def graph_devices(graph_dirs) -> list[str]:
@@ -127,7 +213,7 @@ def graph_devices(graph_dirs) -> list[str]:
     out = []
     for g in graph_dirs:
         try:
-            out.append(str(load_graph_json(g).get("device") or "cpu"))
+            out.append(Graph(g).device)
         except Exception:  # noqa: BLE001 - the worker itself reports the problem
             out.append("unknown")
     return out

@@ -21,13 +21,13 @@ ENDED = {"done", "exhausted", "cached", "interrupted"}
 def test_gpu_compile_inference_is_right_every_graph_gets_a_track_and_a_second_compile_reuses_wins():
     first = drive("inference", "cuda")
     assert first["max_error"] < 1e-5 and first["run_id"]
-    tracks = runs.load_run(first["run_id"])["graphs"]
+    tracks = runs.load_run(first["run_id"]).graphs
     assert tracks and all(t["status"] in ENDED for t in tracks.values()), tracks
     won = sorted(k for k, t in tracks.items() if t["loops_done"] >= 1)
     assert sorted(first["swapped"]) == won
     second = drive("inference", "cuda")
     assert second["max_error"] < 1e-5
-    again = runs.load_run(second["run_id"])["graphs"]
+    again = runs.load_run(second["run_id"]).graphs
     for k in won:  # an installed win is an exact hit: no optimizer, swapped in again
         assert again[k]["status"] == "cached" and again[k]["candidates"] == 0
     assert sorted(second["swapped"]) == won
@@ -37,7 +37,7 @@ def test_gpu_compile_inference_is_right_every_graph_gets_a_track_and_a_second_co
 def test_gpu_compile_training_step_optimizes_forward_and_backward_and_gradients_stay_right():
     r = drive("training", "cuda")
     assert r["max_error"] < 1e-5
-    kinds = sorted(g["kind"] for rid in r["runs"] for g in runs.load_run(rid)["graphs"].values())
+    kinds = sorted(g["kind"] for rid in r["runs"] for g in runs.load_run(rid).graphs.values())
     assert kinds == ["backward", "forward"]
     assert all(s in ENDED for s in r["statuses"])
 

@@ -31,11 +31,11 @@ def test_gpu_variants_lower_again_with_the_abi_or_say_why(ro_graph):
     from tilesmith.capture import loading
     from tilesmith.gate.static import screen
     from tilesmith.search import relower
-    from tilesmith.workspace import load_graph_json
+    from tilesmith.workspace import Graph, load_graph_json
 
     assert load_graph_json(ro_graph)["relower"]["available"]
     picks = {"programmatic dependent launch", "combo kernels", "max-autotune GEMM", "aggressive fusion"}
-    variants = [v for v in relower.default_variants(ro_graph) if v.label in picks]
+    variants = [v for v in relower.default_variants(Graph(ro_graph)) if v.label in picks]
     variants.append(relower.Variant("missing", {"no_such_config": 1}))
     res = relower.lower_variants(ro_graph, variants, jobs=4)
     print({r.variant.label: (r.text is not None, r.reason, r.compile_s) for r in res})
@@ -57,9 +57,11 @@ def test_a_relowered_candidate_passes_the_gate_up_to_timing(ro_graph, tmp_path):
     from tilesmith.gate import Policy, judge
     from tilesmith.search import relower
     from tilesmith.search import Candidate
+    from tilesmith.workspace import Graph
 
     class Track:
         graph_dir, profile, records = ro_graph, None, []
+        graph = Graph(ro_graph)
         best_text = (ro_graph / "wrapper.py").read_text()
 
         def record(self, e):

@@ -5,53 +5,17 @@ Used by rerun.py and the workers (gate, screens, profile); never in the process 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tilesmith.errors import TilesmithError
-from tilesmith.workspace import DATA_FILE, WRAPPER_FILE, load_graph_json
-
-
-@dataclass
-class GraphData:
-    """The first real call of a graph: inputs, outputs, constants and the RNG state before it."""
-
-    meta: dict
-    inputs: list
-    outputs: list
-    constants: dict
-    rng: dict
+from tilesmith.workspace import Graph, GraphData
 
 
 def load_graph_data(gdir: Path | str, device_map=None) -> GraphData:
-    """Read graph.json and data.pt; raises TilesmithError when the data was not stored."""
-    gdir = Path(gdir)
-    meta = load_graph_json(gdir)
-    f = gdir / DATA_FILE
-    if not f.exists():
-        raise TilesmithError(f"{gdir.name[:12]}: no stored inputs ({meta.get('data_note') or 'data.pt missing'})",
-                             code="no-data", hint="capture again (raise --max-input-bytes if the budget was hit)")
-    if device_map is None and "cuda" in str(meta.get("device") or ""):
-        _init_cuda()
-    try:
-        data = torch.load(f, map_location=device_map, weights_only=False)
-    except Exception as e:
-        raise TilesmithError(f"{f} is unreadable: {e}", code="corrupt-graph", hint="capture again") from None
-    return GraphData(meta, data["inputs"], data["outputs"], data.get("constants", {}), data.get("rng", {}))
-
-
-def _init_cuda() -> None:
-    """Start CUDA before loading CUDA tensors. Before it starts, torch.cuda.device_count() asks NVML, and in a
-    worker forked from the zygote (which imported torch with NVML-based checks) NVML counted no device while
-    the CUDA runtime saw one: torch.load then refused the graph's data ("device_count() is 0"), which failed
-    every forked profile and screen worker on the H200 (session 12). Once CUDA has started the count comes from
-    the CUDA runtime. The gate's workers never met it: they create their CUDA context before loading."""
-    try:
-        torch.cuda.init()
-    except Exception:  # noqa: BLE001 - no usable CUDA: torch.load says so in its own words just below
-        pass
+    """The data of the captured graph in `gdir`: Graph(gdir).data(device_map)."""
+    return Graph(gdir).data(device_map)
 
 
 def load_module(text: str, constants: dict):
@@ -65,7 +29,8 @@ def load_module(text: str, constants: dict):
 
 
 def load_wrapper(gdir: Path | str, constants: dict):
-    return load_module((Path(gdir) / WRAPPER_FILE).read_text(), constants)
+    """The captured wrapper of the graph in `gdir`, loaded (load_module)."""
+    return load_module(Graph(gdir).wrapper, constants)
 
 
 def restore_rng(rng: dict) -> None:

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tilesmith import paths
-from tilesmith.launch import forked, sandbox
+from tilesmith.launch import sandbox
 from tilesmith.errors import TilesmithError
-from tilesmith.workspace import load_graph_json
+from tilesmith.workspace import Graph
 
 
 @dataclass
@@ -31,17 +31,15 @@ class RerunResult:
 
 def rerun(graph_dir: str | Path, *, timeout_s: float = 600.0, atol: float = 1e-5) -> RerunResult:
     """Rerun one captured graph in a subprocess; `ok` when every output matches within `atol`."""
-    gdir = paths.absolute(graph_dir)
-    meta = load_graph_json(gdir)
-    cmd = [sys.executable, "-m", "tilesmith.capture.rerun", str(gdir), str(atol)]
+    graph = Graph(paths.absolute(graph_dir))
+    cmd = [sys.executable, "-m", "tilesmith.capture.rerun", str(graph.dir), str(atol)]
     with tempfile.TemporaryDirectory(prefix="tilesmith-replay-") as tmp:
-        device = str(meta.get("device") or "cpu")
-        spec = sandbox.Spec(scratch=tmp, readable=[str(gdir)], devices=sandbox.devices_for(device))
-        res = sandbox.run_json(cmd, spec, timeout_s, fork=forked.wanted(device))
+        spec = sandbox.Spec.for_graphs(tmp, [graph.device], readable=[str(graph.dir)])
+        res = sandbox.run_json(cmd, spec, timeout_s)
     if res.returncode is None:
-        return RerunResult(meta["key"], False, problems=[f"replay did not finish in {timeout_s:.0f} s"])
+        return RerunResult(graph.key, False, problems=[f"replay did not finish in {timeout_s:.0f} s"])
     if res.returncode != 0 or res.reply is None:
-        raise TilesmithError(f"replay of {meta['key'][:12]} failed (exit {res.returncode}): {res.tail}",
+        raise TilesmithError(f"replay of {graph.key[:12]} failed (exit {res.returncode}): {res.tail}",
                              code="replay-failed",
                              hint="run `python -m tilesmith.capture.rerun GRAPH_DIR` to see the whole error")
     return RerunResult(**res.reply)
@@ -52,8 +50,9 @@ def _main(gdir: str, atol: float) -> dict:
 
     from tilesmith.capture import loading
 
-    data = loading.load_graph_data(gdir)
-    mod = loading.load_wrapper(gdir, data.constants)
+    graph = Graph(gdir)
+    data = graph.data()
+    mod = loading.load_module(graph.wrapper, data.constants)
     args = loading.clone_args(data.inputs)
     loading.restore_rng(data.rng)
     with torch.no_grad():

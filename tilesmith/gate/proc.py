@@ -20,7 +20,7 @@ import time
 import weakref
 from pathlib import Path
 
-from tilesmith.launch import forked, sandbox
+from tilesmith.launch import sandbox
 from tilesmith.gate.clock import WINDOW_MARK
 from tilesmith.gate.worker import audit
 from tilesmith.gate.procfs import tree_cpu_ns
@@ -98,9 +98,9 @@ class Worker:
         fds = (w,) + ((theirs.fileno(),) if theirs is not None else ())
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", *map(str, fds)]
         env = openmp_wait({**worker_env(self.dir, device), "TILESMITH_GATE_DEVICE": device})
-        spec = sandbox.Spec(scratch=str(self.dir), readable=[str(p) for p in readable], devices=sandbox.devices_for(device))
-        self.proc = sandbox.popen(cmd, spec, env, fork=forked.wanted(device), stdin=subprocess.PIPE, stdout=self._log,
-                                  stderr=subprocess.STDOUT, pass_fds=fds)
+        spec = sandbox.Spec.for_graphs(self.dir, [device], readable=[str(p) for p in readable])
+        self.proc = sandbox.popen(cmd, spec, env, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
+                                  pass_fds=fds)
         os.close(w)
         if theirs is not None:
             theirs.close()

@@ -112,6 +112,15 @@ class Spec:
     # "all": the machine's /dev (GPU device nodes); "basic": a /dev of its own with null, zero, full,
     # random, urandom and tty only, for commands that need no device (CPU workers): no block devices.
     devices: str = "all"
+    # The torch devices of the captured graphs the command runs ("unknown" for one whose graph.json cannot be
+    # read); None for a command that runs none (the agent's shell). popen forks it from the zygote or not by them.
+    graph_devices: list[str] | None = None
+
+    @classmethod
+    def for_graphs(cls, scratch, graph_devices: list[str], **kw) -> "Spec":
+        """A worker that runs captured graphs on these torch devices: a /dev of its own without device nodes where
+        all are the CPU (devices_for), forked from the zygote where forked.wanted_for says so (popen)."""
+        return cls(scratch=str(scratch), devices=devices_for(*graph_devices), graph_devices=list(graph_devices), **kw)
 
 
 _LEVEL: dict = {}
@@ -222,24 +231,33 @@ def _needed_paths() -> list[str]:
 
 # -- starting commands -----------------------------------------------------------------------------
 
-def popen(argv: list[str], spec: Spec, env: dict | None = None, fork: bool = False, **kw):
+def popen(argv: list[str], spec: Spec, env: dict | None = None, fork: bool | None = None, **kw):
     """Start argv in the sandbox, in its scratch folder, with `env` (default: the scrubbed environment).
 
-    fork=True: a `python -m MODULE ...` argv is forked from the zygote (zygote.py) into the same
-    sandbox instead of a new interpreter importing torch again; the result then has the part of
-    subprocess.Popen's interface a gate worker uses (pid, stdin, poll, wait, returncode). Where the zygote
-    cannot serve it (another argv, other standard streams, no zygote), it starts the usual way."""
+    Forked: a `python -m MODULE ...` argv is forked from the zygote (zygote.py) into the same sandbox
+    instead of a new interpreter importing torch again; the result then has the part of subprocess.Popen's
+    interface a gate worker uses (pid, stdin, poll, wait, returncode). Where the zygote cannot serve it
+    (another argv, other standard streams, no zygote), it starts the usual way. Whether to fork is the
+    spec's: a command that runs captured graphs on devices forked.wanted_for accepts (spec.graph_devices);
+    `fork` True or False decides it instead."""
     scratch = Path(spec.scratch)
     env = scrubbed_env(scratch, spec.devices == "basic") if env is None else env
     kw.setdefault("cwd", scratch)
+    if fork is None:
+        fork = bool(spec.graph_devices) and _forked().wanted_for(spec.graph_devices)
     if fork:
-        from tilesmith.launch import forked
-
+        forked = _forked()
         full = _full_spec(spec).__dict__ if level() == "namespaces" else None
         p = forked.popen(argv, full, env, **kw)
         if p is not None:
             return p
     return subprocess.Popen(wrap(argv, spec), env=env, start_new_session=True, **kw)
+
+
+def _forked():
+    from tilesmith.launch import forked  # on first use: its import registers at-fork and exit handlers
+
+    return forked
 
 
 @dataclass
@@ -251,7 +269,8 @@ class Result:
     spawned: float = 0.0  # time.time() right before the process was started (its environment made)
 
 
-def run_json(argv: list[str], spec: Spec, timeout_s: float, env_extra: dict | None = None, fork: bool = False) -> Result:
+def run_json(argv: list[str], spec: Spec, timeout_s: float, env_extra: dict | None = None,
+             fork: bool | None = None) -> Result:
     """Run a worker that prints its answer as one JSON line last: "start a worker, parse its last JSON line"
     (fork: see popen)."""
     lvl = level()

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tilesmith import paths
-from tilesmith.launch import forked, sandbox
+from tilesmith.launch import sandbox
 from tilesmith.launch.secrets import redact, redact_obj
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.proc import calm_spares
@@ -96,10 +96,9 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
         (Path(tmp) / "jobs.json").write_text(json.dumps(listing))
         cmd = [sys.executable, "-m", "tilesmith.profile.worker", "--batch", str(Path(tmp) / "jobs.json"), str(calls)]
         calm_spares()  # no gate worker may still be starting while this one measures
-        devices = graph_devices(gdirs)
-        spec = sandbox.Spec(scratch=tmp, readable=[str(g) for g in gdirs], devices=sandbox.devices_for(*devices))
+        spec = sandbox.Spec.for_graphs(tmp, graph_devices(gdirs), readable=[str(g) for g in gdirs])
         called = time.time()
-        res = sandbox.run_json(cmd, spec, timeout_s, fork=forked.wanted_for(devices))
+        res = sandbox.run_json(cmd, spec, timeout_s)
         ended = time.time()
     names = ", ".join(g.name[:12] for g in gdirs)
     if res.returncode is None:

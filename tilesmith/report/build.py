@@ -12,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-from tilesmith import paths, runs
+from tilesmith import runs
 from tilesmith.errors import TilesmithError
 from tilesmith.report import setting as rs
 from tilesmith.report.rows import CandidateRow, GraphReport, KernelRow, ProgramEstimate, Report
@@ -23,22 +23,19 @@ TOP_KERNELS = 8  # kernels listed per graph; the rest are summed into `other_ker
 def build_report(run_id: str | None = None) -> Report:
     """Report on run `run_id` (a unique prefix is enough), or on the newest run when None."""
     run = runs.load_run(run_id)
-    if not isinstance(run, dict) or not isinstance(run.get("run_id"), str) or not isinstance(run.get("graphs", {}), dict):
-        raise TilesmithError(f"run.json of run '{run_id or 'newest'}' is not a run record", code="corrupt-run",
-                             hint=f"look at {paths.runs_dir()}; a run.json holds run_id, settings and graphs")
-    rid = run["run_id"]
-    rdir = paths.run_dir(rid)
+    rid = run.run_id
+    rdir = run.dir
     notes: list[str] = []
-    settings = run.get("settings") if isinstance(run.get("settings"), dict) else {}
-    ws_graphs = _workspace_graphs(run.get("workspace"), notes)
-    keys = list(run.get("graphs") or {})
+    settings = run.settings
+    ws_graphs = _workspace_graphs(run.workspace, notes)
+    keys = list(run.graphs)
     keys += [k for k in ws_graphs if k not in keys]
-    started = _parse_time(run.get("created"))
+    started = _parse_time(run.created)
     graphs, candidates = [], []
     for key in keys:
-        meta = rs.graph_json(run.get("workspace"), key)
+        meta = rs.graph_json(run.workspace, key)
         mode, device = rs.compile_mode(meta, ws_graphs.get(key))
-        g, cands = _graph(rdir, key, run["graphs"].get(key), ws_graphs.get(key), started, mode)
+        g, cands = _graph(rdir, key, run.graphs.get(key), ws_graphs.get(key), started, mode)
         g.compile_mode, g.device = mode, device
         if note := rs.gap_note(meta):
             g.notes.append(note)
@@ -49,8 +46,8 @@ def build_report(run_id: str | None = None) -> Report:
     candidates.sort(key=lambda c: (c.t_s if c.t_s is not None else math.inf, c.key, c.index))
     if not graphs:
         notes.append("the run holds no graphs")
-    return Report(rid, str(run.get("status", "unknown")), settings.get("optimizer"), run.get("created"),
-                  run.get("ended"), run.get("workspace"), run.get("environment") or {}, settings, graphs,
+    return Report(rid, str(run.status), settings.get("optimizer"), run.created, run.ended, run.workspace,
+                  run.environment, settings, graphs,
                   _program(graphs), candidates, notes, rs.program_setting(rid, graphs, _program))
 
 

@@ -20,16 +20,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tilesmith.errors import TilesmithError
 from tilesmith.report.rows import GraphSetting, ProgramSetting
+from tilesmith.workspace import Graph, graph_dir
 
 CUDAGRAPHS = "cudagraphs"  # graph.json's compile_mode for reduce-overhead / max-autotune
 
 
 def graph_json(ws_path, key: str) -> dict:
-    """A graph's graph.json in the run's workspace; {} where it cannot be read."""
+    """A graph's graph.json in the run's workspace (its Graph's meta); {} where it cannot be read."""
     try:
-        meta = json.loads((Path(ws_path) / "graphs" / key / "graph.json").read_text()) if ws_path else {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        meta = Graph(graph_dir(ws_path, key)).meta if ws_path else {}
+    except (TilesmithError, OSError, UnicodeDecodeError):
         meta = {}
     return meta if isinstance(meta, dict) else {}
 

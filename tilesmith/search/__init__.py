@@ -3,8 +3,9 @@
 The contract between the optimize driver and an optimizer, public so that a new optimizer (or a
 test's scripted one) needs nothing private:
 
-- `Track`: what an optimizer sees of one graph: its folders, the best confirmed source, the
-  baseline profile, a log for screened variants, the time limit, and `restore_best()`.
+- `Track`: what an optimizer sees of one graph: the captured graph (`graph`, workspace.Graph: graph.json
+  read once) and its folders, the best confirmed source, the baseline profile, a log for screened
+  variants, the time limit, and `restore_best()`.
 - `Candidate`: a source to judge.
 - `Optimizer`: `(track, settings, submit, loops_done) -> (status, reason)`. `submit(candidate)` runs
   the gate and returns its verdict as a dict; an accepted one becomes the track's best. The tuner and
@@ -44,10 +45,11 @@ class Track:
     def __init__(self, run_id: str, key: str, graph_dir: Path, deadline: float | None, stop: threading.Event,
                  timing_lock: threading.Lock | None = None):
         self.run_id, self.key, self.graph_dir = run_id, key, graph_dir
+        self.graph = wsmod.Graph(graph_dir)  # graph.json is read when first asked for, then kept
         self.dir = runs.track_dir(run_id, key)
         self.profiles = self.dir / "profiles"
         self.profiles.mkdir(parents=True, exist_ok=True)
-        self.best_text = (graph_dir / wsmod.WRAPPER_FILE).read_text()
+        self.best_text = self.graph.wrapper
         self.profile = None  # the baseline Profile, when the driver has one
         self._deadline, self._stop = deadline, stop
         # The driver's: an optimizer holds it while it measures, so no two measurements overlap.

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilesmith.launch import forked, sandbox
+from tilesmith.launch import sandbox
 from tilesmith.launch.secrets import redact_obj
 from tilesmith.gate.proc import calm_spares
 from tilesmith.workspace import graph_devices
@@ -39,10 +39,9 @@ def screen(graph_dir: str | Path, sources: list[tuple[str, str]], *, budget_s: f
         spec = Path(tmp) / "spec.json"
         spec.write_text(json.dumps({"graph_dir": str(graph_dir), "sources": files, "budget_s": budget_s}))
         calm_spares()  # no gate worker may still be starting while the variants are timed
-        devices = graph_devices([graph_dir])
         res = sandbox.run_json([sys.executable, "-m", "tilesmith.search.measure_worker", str(spec)],
-                               sandbox.Spec(scratch=tmp, readable=[str(graph_dir)], devices=sandbox.devices_for(*devices)),
-                               timeout_s, fork=forked.wanted_for(devices))
+                               sandbox.Spec.for_graphs(tmp, graph_devices([graph_dir]), readable=[str(graph_dir)]),
+                               timeout_s)
     if res.returncode is None:
         return [Screen(label, None, [], f"screening timed out after {timeout_s:.0f} s") for label, _ in sources]
     if res.returncode != 0 or res.reply is None:

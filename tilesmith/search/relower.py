@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilesmith.launch import forked, sandbox
+from tilesmith.launch import sandbox
 from tilesmith.capture import repro
 from tilesmith.search.graphed import GRAPHED_IMPORT, REPLAYED_SUFFIX, graphed_text
-from tilesmith.workspace import graph_devices, load_graph_json
+from tilesmith.workspace import Graph, graph_devices
 
 WHOLE_GRAPH = "(whole graph)"
 LABEL_PREFIX = "re-lowered: "
@@ -102,34 +102,32 @@ class RelowerConfig:
     only: str = field(default_factory=lambda: os.environ.get("TILESMITH_RELOWER_ONLY", ""))
 
 
-def available(graph_dir: str | Path) -> tuple[bool, str]:
+def available(graph: Graph) -> tuple[bool, str]:
     """Whether the graph's capture kept a repro that can be lowered again (and why not)."""
-    gdir = Path(graph_dir)
-    st = load_graph_json(gdir).get("relower")
+    st = graph.meta.get("relower")
     if not st:
         return False, "captured without a repro (capture again with this tilesmith)"
     if not st.get("available"):
         return False, st.get("reason") or "no repro"
-    if not (gdir / repro.REPRO_FILE).exists():
+    if not (graph.dir / repro.REPRO_FILE).exists():
         return False, f"{repro.REPRO_FILE} is missing"
     return True, ""
 
 
-def enabled(graph_dir: str | Path, cfg: RelowerConfig) -> bool:
+def enabled(graph: Graph, cfg: RelowerConfig) -> bool:
     """TILESMITH_RELOWER=1/0 forces it; auto: CUDA graphs only (on CPU the C++ knobs rarely pay for
     their compile time)."""
     if cfg.enabled in ("0", "off", "false"):
         return False
     if cfg.enabled in ("1", "on", "true"):
         return True
-    return str(load_graph_json(Path(graph_dir)).get("device", "")).startswith("cuda")
+    return graph.device.startswith("cuda")
 
 
-def default_variants(graph_dir: str | Path) -> list[Variant]:
-    meta = load_graph_json(Path(graph_dir))
-    if not str(meta.get("device", "")).startswith("cuda"):
+def default_variants(graph: Graph) -> list[Variant]:
+    if not graph.device.startswith("cuda"):
         return list(CPU_VARIANTS)
-    cap = str((meta.get("environment") or {}).get("gpu_capability") or "")  # "9.0" on the H200
+    cap = str((graph.meta.get("environment") or {}).get("gpu_capability") or "")  # "9.0" on the H200
     hopper = not cap or (cap.split(".")[0].isdigit() and int(cap.split(".")[0]) >= 9)
     return [v for v in GPU_VARIANTS if hopper or not v.hopper]
 
@@ -170,10 +168,8 @@ def _start(graph_dir, v: Variant, base: Path) -> subprocess.Popen:
                                                 "out": str(base / "wrapper.py")}))
     # Through the one launcher (the OS sandbox, the scrubbed environment, which also sets
     # TORCHINDUCTOR_COMPILE_THREADS=1: parallelism comes from the workers, not pools inside each).
-    devices = graph_devices([graph_dir])
     return sandbox.popen([sys.executable, "-m", "tilesmith.search.relower_worker", str(base / "spec.json")],
-                         sandbox.Spec(scratch=str(base), readable=[str(graph_dir)], devices=sandbox.devices_for(*devices)),
-                         fork=forked.wanted_for(devices),
+                         sandbox.Spec.for_graphs(base, graph_devices([graph_dir]), readable=[str(graph_dir)]),
                          stdout=open(base / "out.txt", "w"), stderr=open(base / "err.txt", "w"))
 
 
@@ -216,14 +212,13 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
     it. Every variant, screened or skipped, is recorded through track.record(). replayed: each candidate
     goes to the gate replayed by tilesmith.cudagraph (tuner.replay_near_even), as the screen timed it."""
     cfg = cfg or RelowerConfig()
-    gdir = track.graph_dir
-    if not enabled(gdir, cfg) or track.expired():
+    if not enabled(track.graph, cfg) or track.expired():
         return
-    ok, why = available(gdir)
+    ok, why = available(track.graph)
     if not ok:
         track.record({"kernel": WHOLE_GRAPH, "variant": "re-lowering", "median_ms": None, "error": why})
         return
-    variants = cfg.variants if cfg.variants is not None else default_variants(gdir)
+    variants = cfg.variants if cfg.variants is not None else default_variants(track.graph)
     words = [w.strip().lower() for w in cfg.only.split(",") if w.strip()]
     variants = [v for v in variants if not words or any(w in v.label.lower() for w in words)]
     base = Variant("", {})  # the config accepted so far
@@ -286,7 +281,7 @@ def _screen(track, lowered: list[Lowered], budget_s: float) -> list[tuple[float,
         live.append(lw)
     if not live:
         return []
-    prod = _production_text(track.graph_dir)
+    prod = _production_text(track.graph)
     results = screen(track.graph_dir, [("current", prod(track.best_text))] +
                      [(lw.variant.label, prod(_as_current(track.best_text, lw.text))) for lw in live],
                      budget_s=budget_s)
@@ -326,10 +321,9 @@ def _as_current(current: str, text: str) -> str:
     return graphed_text(text) if GRAPHED_IMPORT in current else text
 
 
-def _production_text(graph_dir):
+def _production_text(graph: Graph):
     """How to time a wrapper as production runs it: replayed from a CUDA graph when Inductor compiled
     the graph with cudagraphs (its cudagraph trees will wrap whatever we install), else as is."""
-    meta = load_graph_json(Path(graph_dir))
-    if str(meta.get("device", "")).startswith("cuda") and meta.get("compile_mode") == "cudagraphs":
+    if graph.device.startswith("cuda") and graph.compile_mode == "cudagraphs":
         return graphed_text
     return lambda text: text

@@ -39,7 +39,7 @@ class TunerConfig:
 def search(track: Track, config: TunerConfig | None = None) -> Generator[Candidate, dict, None]:
     """Yield candidates; receive each one's verdict (dict) through send().
 
-    Of `track` it uses: graph_dir, best_text (current best source), profile (baseline Profile or
+    Of `track` it uses: graph and graph_dir, best_text (current best source), profile (baseline Profile or
     None), record(variant) to log every variant, and expired() for the time limit.
     """
     cfg = config or TunerConfig()
@@ -114,9 +114,7 @@ def _relowered_then_replayed(inner: Generator[Candidate, dict, None], track: Tra
 
 def _inductor_replays(track: Track) -> bool:
     """Whether Inductor compiled the track's graph with CUDA graphs (reduce-overhead, max-autotune)."""
-    from tilesmith.workspace import load_graph_json
-
-    return load_graph_json(track.graph_dir).get("compile_mode") == "cudagraphs"
+    return track.graph.compile_mode == "cudagraphs"
 
 
 def replay_near_even(track: Track, verdict: dict | None) -> bool:
@@ -205,10 +203,7 @@ def _screen_graphed(track, cfg: TunerConfig) -> bool:
 def _graphable(track, cfg: TunerConfig) -> bool:
     """A launch-bound CUDA graph not replayed by us yet. A graph Inductor replays (reduce-overhead,
     max-autotune) counts too: the gate times our replay of the same code against Inductor's."""
-    from tilesmith.workspace import load_graph_json
-
-    meta = load_graph_json(track.graph_dir)
-    if not str(meta.get("device", "")).startswith("cuda"):
+    if not track.graph.device.startswith("cuda"):
         return False
     if GRAPHED_IMPORT in track.best_text:
         return False

@@ -82,7 +82,7 @@ def run_track(track, settings, submit: Callable[[Candidate], dict], *, loops_don
                         ledger=Ledger(track.profiles / "ledger.json"))
     state.attempts = [None] * cfg.attempts_per_turn  # sized for the prompt; the files come per turn
     (track.dir / "scratch").mkdir(parents=True, exist_ok=True)
-    original = (track.graph_dir / "wrapper.py").read_text()
+    original = track.graph.wrapper
     (track.profiles / "original_wrapper.py").write_text(original)
     if getattr(settings, "warm_start", False) and not expired():
         from tilesmith.search.agent.warm import warm_start

@@ -192,9 +192,7 @@ def fx_excerpt(fx: str, limit: int) -> str:
 
 def system_prompt(state, settings, skills_note: str, web_search: bool = False, fx_chars: int = FX_CHARS) -> str:
     """Who the agent is, how a turn works, what the gate demands, and the facts of this graph."""
-    from tilesmith.workspace import load_graph_json
-
-    meta = load_graph_json(state.track.graph_dir)
+    meta = state.track.graph.meta
     width = len(state.attempts) or 3
     return f"""You are a GPU/CPU kernel engineer optimizing one TorchInductor-generated wrapper (a Python module
 defining `call(args)` plus its kernels). Make it faster while computing the same outputs.
@@ -259,7 +257,7 @@ def graph_facts(state, meta: dict, fx_chars: int = FX_CHARS) -> str:
         ceilings = json.dumps(device_ceilings(device))
     except Exception as e:  # the context is still useful without them
         ceilings = f"(not measured: {type(e).__name__})"
-    fx, _ = split_header((state.track.graph_dir / "wrapper.py").read_text())
+    fx, _ = split_header(state.track.graph.wrapper)
     base = profile_table(state.track.profile) if state.track.profile else "(not profiled yet: call `profile`)"
     return f"""- Graph {state.track.key[:16]} ({meta.get('kind', 'forward')}), device {device}; stack {json.dumps(meta.get('environment', {}))[:600]}
 - Measured ceilings: {ceilings}
