@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from tilesmith import workspace as wsmod
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.proc import default_spares, keep_spares
 from tilesmith.search import Candidate, Optimizer, Track
+from tilesmith.settings import current as settings_now
 from tilesmith.workspace import write_json
 
 FINAL = ("done", "exhausted", "cached", "failed")
@@ -57,7 +57,7 @@ class OptimizeSettings:
         if s.min_improvement is None:
             s.min_improvement = default_min_improvement()
         if s.optimizer == "auto":
-            s.model = s.model or os.environ.get("TILESMITH_MODEL")
+            s.model = s.model or settings_now().model
             s.optimizer = "agent" if s.model else "tuner"
         if s.optimizer not in ("tuner", "agent"):
             raise TilesmithError(f"unknown optimizer '{s.optimizer}'", code="usage", hint="use --optimizer tuner or agent")

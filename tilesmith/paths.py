@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tilesmith import settings
+
 DEFAULT_WORKSPACE = "tilesmith-workspace"
 
 
@@ -26,8 +28,9 @@ def shown(path: str | os.PathLike) -> str:
 
 
 def home() -> Path:
-    """The tilesmith home folder (absolute); read from the environment on every call so tests can move it."""
-    return absolute(os.environ.get("TILESMITH_HOME") or Path.home() / ".cache" / "tilesmith")
+    """The tilesmith home folder (absolute, TILESMITH_HOME); read from the environment on every call so tests can
+    move it."""
+    return settings.current().home
 
 
 def runs_dir() -> Path:

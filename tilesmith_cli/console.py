@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 from dataclasses import asdict, is_dataclass
@@ -12,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tilesmith import settings
 from tilesmith.errors import TilesmithError
 
 # Lines as long as their content where the output is not a terminal (a pipe, a file, a test's capture): a table
@@ -85,7 +85,7 @@ def run_guarded(fn, as_json: bool = False, resume=None):
     except (typer.Exit, typer.Abort, SystemExit):
         raise
     except Exception as e:  # a bug of ours: one line, the traceback on request
-        if os.environ.get("TILESMITH_DEBUG"):
+        if settings.current().debug:
             traceback.print_exc()
         else:
             err.print(f"[red]error:[/red] unexpected {type(e).__name__}: {e}", markup=True)

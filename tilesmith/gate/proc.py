@@ -21,6 +21,7 @@ import weakref
 from pathlib import Path
 
 from tilesmith.launch import sandbox
+from tilesmith import settings
 from tilesmith.gate.clock import WINDOW_MARK
 from tilesmith.gate.worker import audit
 from tilesmith.gate.procfs import tree_cpu_ns
@@ -409,7 +410,7 @@ def default_spares() -> int:
     """TILESMITH_GATE_SPARES, else one decision's worth (reference, first pass, confirmation) on a
     machine with 4 or more cores and one on a smaller machine, where starting interpreters compete
     with the decision for the same cores."""
-    given = os.environ.get("TILESMITH_GATE_SPARES")
+    given = settings.current().gate_spares
     if given is not None:
         try:
             return max(0, int(given))

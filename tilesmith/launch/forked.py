@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from tilesmith import settings
+
 # Set in each worker's own environment, never read by what the zygote imports: they do not pick the zygote.
 # (pytest names the running test in PYTEST_CURRENT_TEST: without it here every test would start its own.)
 PER_WORKER = ("HOME", "TMPDIR", "TILESMITH_HOME", "TILESMITH_GATE_DEVICE", "PYTEST_CURRENT_TEST")
@@ -39,13 +41,8 @@ _failed: dict[str, str] = {}  # environment key -> why its zygote could not star
 
 
 def mode() -> str:
-    m = os.environ.get("TILESMITH_FORK_WORKERS", "auto").strip().lower() or "auto"
-    if m not in ("auto", "on", "off"):
-        from tilesmith.errors import TilesmithError
-
-        raise TilesmithError(f"TILESMITH_FORK_WORKERS={m!r} is not one of auto, on, off", code="usage",
-                             hint="unset it, or set it to auto, on or off")
-    return m
+    """TILESMITH_FORK_WORKERS: auto | on | off (see the module's docstring)."""
+    return settings.current().fork_mode
 
 
 def wanted(device: str) -> bool:

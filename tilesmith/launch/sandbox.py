@@ -33,6 +33,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilesmith import settings
 from tilesmith.launch.secrets import is_secret, redact
 
 LEVELS = ("namespaces", "env-only")
@@ -127,13 +128,8 @@ _LEVEL: dict = {}
 
 
 def mode() -> str:
-    m = os.environ.get("TILESMITH_SANDBOX", "auto").strip().lower() or "auto"
-    if m not in ("auto", "off", "require"):
-        from tilesmith.errors import TilesmithError
-
-        raise TilesmithError(f"TILESMITH_SANDBOX={m!r} is not one of auto, off, require", code="usage",
-                             hint="unset it, or set it to auto, off or require")
-    return m
+    """TILESMITH_SANDBOX: auto | off | require (see the module's docstring)."""
+    return settings.current().sandbox_mode
 
 
 def level() -> str:

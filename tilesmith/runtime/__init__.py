@@ -44,7 +44,7 @@ import sys
 import threading
 from dataclasses import asdict, dataclass, field
 
-from tilesmith import environment, paths, source
+from tilesmith import environment, paths, settings, source
 from tilesmith.errors import TilesmithError
 from tilesmith.runtime import hook
 
@@ -101,7 +101,7 @@ def stats() -> RuntimeStats:
 
 
 def strict() -> bool:
-    return os.environ.get("TILESMITH_RUNTIME_STRICT", "").strip() not in ("", "0")
+    return settings.current().runtime_strict
 
 
 class _Skip(Exception):
@@ -307,7 +307,7 @@ def _proven_speedup(key: str) -> float | None:
 def _say_at_exit() -> None:
     """Write notice() on stderr, once, in the process that substituted; never raises (an exit is no place for it)."""
     try:
-        if os.getpid() != _notice_pid or os.environ.get("TILESMITH_RUNTIME_QUIET", "").strip() not in ("", "0"):
+        if os.getpid() != _notice_pid or settings.current().runtime_quiet:
             return
         line = notice()
         if line:
@@ -320,7 +320,7 @@ def _say_at_exit() -> None:
 def _verbose_logging() -> None:
     """TILESMITH_RUNTIME_VERBOSE=1: one line on stderr per graph loaded from the store, so a user can see
     the runtime at work without changing the program (the library never prints otherwise)."""
-    if os.environ.get("TILESMITH_RUNTIME_VERBOSE", "").strip() in ("", "0") or log.handlers:
+    if not settings.current().runtime_verbose or log.handlers:
         return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))

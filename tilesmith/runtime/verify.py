@@ -31,9 +31,10 @@ see that.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
+
+from tilesmith import settings
 
 VERIFY_SLACK = 8.0  # a verified output may differ by this multiple of the gate's fixed tolerance
 VERIFY_COPY_BYTES = 1 << 30  # inputs copied whole up to this; above it static inputs are shared
@@ -41,7 +42,7 @@ VERIFY_COPY_BYTES = 1 << 30  # inputs copied whole up to this; above it static i
 
 def calls_wanted() -> int:
     """TILESMITH_VERIFY: how many calls of each substituted graph to verify (0: none)."""
-    v = os.environ.get("TILESMITH_VERIFY", "").strip()
+    v = settings.current().verify
     try:
         return max(0, int(v)) if v else 0
     except ValueError:

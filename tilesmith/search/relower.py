@@ -15,7 +15,6 @@ its reason recorded.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilesmith import settings
 from tilesmith.launch import sandbox
 from tilesmith.capture import repro
 from tilesmith.search.graphed import GRAPHED_IMPORT, REPLAYED_SUFFIX, graphed_text
@@ -94,12 +94,12 @@ CPU_VARIANTS = [
 
 @dataclass
 class RelowerConfig:
-    enabled: str = field(default_factory=lambda: os.environ.get("TILESMITH_RELOWER", "auto"))  # auto|1|0
+    enabled: str = field(default_factory=lambda: settings.current().relower)  # auto|1|0
     jobs: int = 0  # parallel compile workers; 0: one per usable core (at most the variant count)
     compile_timeout_s: float = 600.0  # one variant (max-autotune with the exhaustive space is slow)
     variants: list[Variant] | None = None  # None: GPU_VARIANTS or CPU_VARIANTS by the graph's device
     # TILESMITH_RELOWER_ONLY="combo,pdl": keep only variants whose label contains one of these words
-    only: str = field(default_factory=lambda: os.environ.get("TILESMITH_RELOWER_ONLY", ""))
+    only: str = field(default_factory=lambda: settings.current().relower_only)
 
 
 def available(graph: Graph) -> tuple[bool, str]:

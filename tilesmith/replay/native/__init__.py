@@ -26,6 +26,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from tilesmith import settings
+
 SOURCE = Path(__file__).with_name("ptrs.cpp")
 NAME = "tilesmith_ptrs"  # the module name ptrs.cpp's PyInit_ function carries
 
@@ -35,7 +37,7 @@ _tried = False
 
 
 def cache_dir() -> Path:
-    d = os.environ.get("TILESMITH_NATIVE_DIR")
+    d = settings.current().native_dir
     if d:
         return Path(d).expanduser().absolute()
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser().absolute() / "tilesmith-native"

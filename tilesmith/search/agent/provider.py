@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlparse
 
+from tilesmith import settings as tilesmith_settings
 from tilesmith.errors import TilesmithError
 
 OPENAI_URL = "https://api.openai.com/v1"
@@ -56,7 +57,7 @@ class Provider:
 
 def check_provider(settings=None, *, wait_s: float | None = None) -> Provider:
     """Resolve and check the model before any work starts; raise TilesmithError when it cannot work."""
-    name = (getattr(settings, "model", None) or os.environ.get("TILESMITH_MODEL") or "").strip()
+    name = (getattr(settings, "model", None) or tilesmith_settings.current().model or "").strip()
     if not name:
         raise TilesmithError("the agent needs a model and none is configured", code="no-model",
                              hint="pass --model NAME or set TILESMITH_MODEL (or use --optimizer tuner)")
@@ -81,7 +82,7 @@ def check_provider(settings=None, *, wait_s: float | None = None) -> Provider:
         p.listed = True
         return p
     if wait_s is None:
-        wait_s = float(os.environ.get("TILESMITH_MODEL_WAIT_S", "60")) if p.kind == "gateway" else 0.0
+        wait_s = float(tilesmith_settings.current().model_wait_s) if p.kind == "gateway" else 0.0
     p.listed = _wait_listed(p, wait_s)
     _LISTED[memo] = time.monotonic()
     return p
@@ -98,11 +99,7 @@ def web_search_on(p: Provider, mode: str) -> bool:
 
 
 def _web_search_mode() -> str:
-    mode = os.environ.get("TILESMITH_WEB_SEARCH", "").strip().lower() or "auto"
-    if mode not in ("auto", "on", "off"):
-        raise TilesmithError(f"TILESMITH_WEB_SEARCH={mode!r} is not one of auto, on, off", code="usage",
-                             hint="auto (default): web search on api.openai.com only; on: also through a gateway")
-    return mode
+    return tilesmith_settings.current().web_search_mode
 
 
 def _need_key(p: Provider) -> None:
