@@ -7,6 +7,8 @@ modules tilesmith starts workers from by name (`python -m ...`) or by path are t
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +54,33 @@ def test_an_artifact_importing_the_old_replay_path_runs_in_a_fresh_interpreter()
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
 
 
-def test_every_module_tilesmith_starts_a_worker_from_is_there():
-    for name in ("tilesmith.capture.rerun",):
-        assert importlib.util.find_spec(name) is not None, name
+def test_every_module_tilesmith_starts_by_name_or_tells_the_agent_to_run_is_there():
+    """`python -m NAME` in the library's code, its agent prompts and the shipped skills (workers, the zygote, the
+    kernel bench), and the sandbox's stage, which runs by path."""
+    texts = [f.read_text() for f in (ROOT / "tilesmith").rglob("*") if f.suffix in (".py", ".md")]
+    names = {n for t in texts for n in re.findall(r'(?:"-m", "|python -m )(tilesmith\.[\w.]+)', t)}
+    assert {"tilesmith.gate.worker", "tilesmith.launch.zygote", "tilesmith.profile.worker", "tilesmith.capture.rerun",
+            "tilesmith.search.kernel_bench", "tilesmith.search.measure_worker", "tilesmith.search.relower_worker"} <= names
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and (spec.submodule_search_locations is None
+                                     or importlib.util.find_spec(name + ".__main__") is not None), name
+    from tilesmith.launch import sandbox
+
+    argv = sandbox.wrap(["true"], sandbox.Spec(scratch=str(ROOT)), force=True)
+    stage = Path(argv[argv.index("-I") + 1])
+    assert stage.is_file() and stage.name == "stage.py", argv
+
+
+def test_the_gate_worker_starts_by_its_module_name_and_answers():
+    p = subprocess.run([sys.executable, "-c", (
+        "import json, os, subprocess, sys\n"
+        "r, w = os.pipe()\n"
+        "p = subprocess.Popen([sys.executable, '-m', 'tilesmith.gate.worker', str(w)], stdin=subprocess.PIPE, "
+        "pass_fds=(w,))\n"
+        "os.close(w)\n"
+        "p.stdin.write(b'{\"op\": \"ready\"}\\n{\"op\": \"exit\"}\\n'); p.stdin.close()\n"
+        "print(os.read(r, 4096).decode().strip()); p.wait(timeout=120)\n")],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    reply = json.loads(p.stdout.strip().splitlines()[-1])
+    assert p.returncode == 0 and reply["ok"] and reply["pid"] > 0, p.stderr[-2000:]
