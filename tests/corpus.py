@@ -98,7 +98,7 @@ def judged(graph: Path, text: str, tmp: Path, case: str, **policy):
     return v, problem
 
 
-def slowed_copy(graph: Path, dest: Path, times: int = 2) -> Path:
+def slowed_copy(graph: Path, dest: Path, times: int = 3) -> Path:
     """A graph folder like `graph` whose wrapper runs the whole original call `times` times (all but the last on
     copies of the inputs, which a backward's wrapper may reuse as scratch, and with the random generators put back): its original is a genuine win there,
     whatever the graph's size (redundant kernels of a fixed size made a tiny graph's win 27x in one pass and 119x in

@@ -52,6 +52,6 @@ def test_corpus_original_of_a_real_model_against_a_slowed_copy_is_accepted(graph
                          ids=["namedtuple", "lazy-import"])
 def test_corpus_library_habits_at_a_first_call_are_not_rejected(inference_graph, maker, tmp_path):
     g = inference_graph
-    slow = corpus.slowed_copy(g, tmp_path / "slow", times=3)
+    slow = corpus.slowed_copy(g, tmp_path / "slow")
     v, problem = corpus.judged(slow, maker((g / "wrapper.py").read_text()), tmp_path / "cand", "win")
     assert not problem, problem
