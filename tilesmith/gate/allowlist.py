@@ -224,11 +224,11 @@ class Checker(ast.NodeVisitor):
             self.flag("allowlist-name", f"uses the kernel object {name} other than by launching it", node)
         elif name in T.TRAILER_FUNCTIONS and not self.trailer and not self.kernel:
             self.flag("allowlist-name", f"calls Inductor's benchmarking trailer ({name})", node)
-        elif name.startswith("__") and name.endswith("__"):
-            self.flag("allowlist-name", f"reads {name}", node)
         elif name in _BUILTIN_NAMES and name not in self._builtins():
             code = "allowlist-dynamic-code" if name in _DYNAMIC else "allowlist-name"
             self.flag(code, f"uses the builtin {name}", node)
+        elif name.startswith("__") and name.endswith("__"):
+            self.flag("allowlist-name", f"reads {name}", node)
 
     def _builtins(self) -> frozenset:
         return T.KERNEL_BUILTINS if self.kernel else T.BUILTINS

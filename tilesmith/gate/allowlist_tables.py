@@ -52,6 +52,8 @@ LEAVES = frozenset({
     "torch._inductor.runtime.triton_heuristics.cooperative_reduction_grid",
     "torch.cuda.set_device", "torch.cuda._DeviceGuard", "torch.cuda.current_device", "torch.cuda.is_available",
     "torch.cuda.device", "triton.cdiv", "triton.next_power_of_2",
+    # a Triton kernel of the wrapper's own (tilesmith/skills/cuda-extensions): its body is checked like the rest
+    "triton.jit", "triton.autotune", "triton.Config", "triton.heuristics",
     # plain tensor code: types, grad modes, dtype info (ATen functions and dtypes: see classify)
     "torch.Tensor", "torch.Size", "torch.no_grad", "torch.enable_grad", "torch.inference_mode", "torch.finfo",
     "torch.iinfo", "torch.is_tensor", "torch.get_default_dtype", "torch.strided", "torch.contiguous_format",
@@ -72,8 +74,8 @@ DTYPES = frozenset("""
 # higher_order: its operators are Python objects whose methods change dispatch (fallthrough, py_impl, dispatch).
 # (`torch.ops.load_library` and `torch.ops.import_module` are torch.ops' own functions, not namespaces.)
 OP_NAMESPACES = frozenset({"aten", "prims", "inductor", "_quantized", "quantized"})
-# Ops with an effect beyond tensors: from_file reads a file into a tensor.
-OPS_DENIED = frozenset({"from_file", "_print"})
+# Ops with an effect beyond tensors: from_file reads a file into a tensor, _from_blob makes one over any address.
+OPS_DENIED = frozenset({"from_file", "_from_blob", "_print"})
 # Names an overload cannot have: OpOverloadPacket's and OpOverload's own attributes (py_impl registers a Python
 # kernel for the op: a patch of the dispatcher; py_kernels and the rest reach its tables).
 OVERLOAD_DENIED = frozenset({"op", "op_overloads", "overloads", "py_impl", "py_functionalize_impl", "py_kernels",
@@ -107,6 +109,7 @@ VALUE_ATTRS = (TENSOR_ATTRS - {"data_ptr", "const_data_ptr"}) | frozenset({
     "append", "extend", "clear", "pop", "insert", "count", "copy", "reverse", "sort", "get", "items", "keys",
     "values", "update", "setdefault", "add", "discard", "remove", "numel", "index", "type", "eps", "tiny", "max", "min",
     "bits", "resolution", "smallest_normal", "itemsize", "is_signed", "to_real", "to_complex", "mask_mod",
+    "run",  # an Inductor kernel's launch, also where a kernel object was passed along
 })
 # Builtins a wrapper may name. Left out: code from strings (exec, eval, compile, __import__), namespaces and frames
 # (globals, locals, vars, dir), attribute writes (setattr, delattr), files and the console (open, input, print,
