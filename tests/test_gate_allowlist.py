@@ -282,6 +282,7 @@ def test_allowlist_rejects_what_a_wrapper_never_needs_however_it_is_spelled(body
     ("class T:\n    @staticmethod\n    def f(o, v):\n        o.detach = v", "allowlist-syntax"),
     ("class T:\n    def f(self, v):\n        self = torch.Tensor\n        self.detach = v", "allowlist-name"),
     ("class T:\n    def f(self, v):\n        self.detach = v\nT.f(torch.Tensor, None)", "allowlist-attribute"),
+    ("class T:\n    def add(self, v):\n        self.detach = v\nt = T\nt.add(torch.Tensor, None)", "allowlist-name"),
     ("__name__ = '__main__'", "allowlist-name"),
     ("def __getattr__(name):\n    return name", "allowlist-name"),
     ("aten = torch.ops.prims", "allowlist-name"),

@@ -222,6 +222,9 @@ class Checker(ast.NodeVisitor):
             self._use_path(self.paths[name], node)
         elif name in self.kinds and self.kinds[name][0] in ("async", "triton", "cpp"):
             self.flag("allowlist-name", f"uses the kernel object {name} other than by launching it", node)
+        elif name in self.kinds and self.kinds[name][0] == "class":
+            # only made into instances: through the class, a method's `self` could be any object (a torch class)
+            self.flag("allowlist-name", f"uses its class {name} other than by making an instance", node)
         elif name in T.TRAILER_FUNCTIONS and not self.trailer and not self.kernel:
             self.flag("allowlist-name", f"calls Inductor's benchmarking trailer ({name})", node)
         elif name in _BUILTIN_NAMES and name not in self._builtins():
@@ -316,8 +319,8 @@ class Checker(ast.NodeVisitor):
         if isinstance(f, ast.Name) and f.id in ("getattr", "hasattr"):
             self._literal_getattr(node)
             return
-        if not (isinstance(f, ast.Name) and self.kinds.get(f.id) == ("cpp",)):  # a C++ kernel is launched by a call
-            self.visit(f)
+        if not (isinstance(f, ast.Name) and self.kinds.get(f.id, ("",))[0] in ("cpp", "class")):
+            self.visit(f)  # (a C++ kernel is launched by calling it, a class of its own called to make an instance)
         for a in node.args + [k.value for k in node.keywords]:
             self.visit(a)
 
@@ -423,6 +426,8 @@ def _bindings(node) -> list[str]:
         return list(node.names)
     if isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
         return [node.name]
+    if isinstance(node, ast.MatchMapping) and node.rest:
+        return [node.rest]
     return []
 
 
