@@ -193,7 +193,8 @@ def test_the_cpp_spinner_is_clean_python_and_the_gate_rejects_its_library_once_t
 # What the syntax tree cannot tell from honest code: pure tensor logic on state a wrapper has anyway (the Runner's
 # own list, a closure, the values of its inputs). The dynamic defences catch these (tests/test_gate_redteam.py).
 REDTEAM_UNSEEN = {"stale_after_n_on_the_runner", "stale_after_n_in_a_closure", "degrades_every_kth_call",
-                  "remembers_outputs_by_input_content", "misbehaves_only_with_the_captured_weights"}
+                  "remembers_outputs_by_input_content", "remembers_outputs_by_address_and_first_value",
+                  "misbehaves_only_with_the_captured_weights"}
 
 
 def _redteam_made(text: str) -> dict[str, str]:
@@ -216,8 +217,6 @@ def test_every_red_team_cheat_the_tree_can_tell_apart_is_rejected_and_the_rest_i
     assert len(made) >= 30
     seen = {name for name, text in made.items() if codes(text)}
     assert set(made) - seen == REDTEAM_UNSEEN
-    # the address-keyed cache is seen: a wrapper never needs a tensor's address
-    assert "allowlist-attribute" in codes(made["remembers_outputs_by_address_and_first_value"])
 
 
 _HEADER = "import torch\nimport os\nfrom ctypes import c_void_p, c_long\nimport triton\nimport triton.language as tl\n" \
@@ -254,7 +253,6 @@ _HEADER = "import torch\nimport os\nfrom ctypes import c_void_p, c_long\nimport 
     ("x = type('T', (torch.Tensor,), {})", "allowlist-name"),
     ("print(args)", "allowlist-name"),
     ("raise SystemExit(0)", "allowlist-name"),
-    ("x = args[0].data_ptr()", "allowlist-attribute"),
     ("args[0].data = torch.zeros(1)", "allowlist-attribute"),
     ("torch.ops.aten.mm.default.tags = []", "allowlist-attribute"),
     ("import operator\nx = operator.attrgetter('os')(torch)", "allowlist-import"),

@@ -104,8 +104,8 @@ TL_MATH = frozenset("abs ceil cos div_rn erf exp exp2 fdiv floor fma log log2 rs
 # -- attributes of values ------------------------------------------------------------------------------------------
 # On anything that is not a module path (a tensor, a size, a dtype, a device, a list, a dict): tensor methods and
 # properties (TENSOR_ATTRS says what is left out and why), the containers' methods a wrapper uses, dtype and device
-# information. Not a tensor's address (data_ptr): a wrapper computes from values; only a cache keys on addresses.
-VALUE_ATTRS = (TENSOR_ATTRS - {"data_ptr", "const_data_ptr"}) | frozenset({
+# information.
+VALUE_ATTRS = TENSOR_ATTRS | frozenset({
     "append", "extend", "clear", "pop", "insert", "count", "copy", "reverse", "sort", "get", "items", "keys",
     "values", "update", "setdefault", "add", "discard", "remove", "numel", "index", "type", "eps", "tiny", "max", "min",
     "bits", "resolution", "smallest_normal", "itemsize", "is_signed", "to_real", "to_complex", "mask_mod",
