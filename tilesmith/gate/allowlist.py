@@ -30,7 +30,6 @@ CODES = ("allowlist-syntax", "allowlist-import", "allowlist-attribute", "allowli
          "allowlist-kernel", "allowlist-native-symbol")
 _BUILTIN_NAMES = frozenset(dir(builtins))
 _DYNAMIC = {"exec", "eval", "compile", "__import__", "globals", "locals", "vars", "setattr", "delattr", "dir"}
-_CTYPE = re.compile(r"(const )?[A-Za-z_][A-Za-z0-9_:]*( ?\*)?")  # a cpp_pybinding argument type: `const float*`
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -139,7 +138,9 @@ class Checker(ast.NodeVisitor):
                 and self.kinds.get(v.func.value.id) == ("async",) and v.func.attr in ("triton", "cpp_pybinding"):
             self.define(name, node, kind=("triton",) if v.func.attr == "triton" else ("cpp",))
             self.handled.add(id(v))
-            self._kernel_definition(name, v)
+            from tilesmith.gate.allowlist_kernel import definition
+
+            definition(self, name, v)
 
     def check_bindings(self) -> None:
         """Dunder names and left-out builtins are never bound; a name that stands for a path or an object of a
@@ -163,28 +164,6 @@ class Checker(ast.NodeVisitor):
         if isinstance(node, ast.Name) and node.id in self.paths:
             return ".".join([self.paths[node.id]] + parts[::-1])
         return None
-
-    def _kernel_definition(self, name: str, call: ast.Call) -> None:
-        """`k = async_compile.triton('k', '''<module>''', device_str='cuda')` or `.cpp_pybinding([types], '''<C++>''')`:
-        literal arguments only; a Triton module is checked as the Python it is."""
-        kind = call.func.attr
-        lits = [a for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-        if len(call.args) != 2 or len(lits) != (2 if kind == "triton" else 1):
-            self.flag("allowlist-kernel", f"{name}: {kind} takes literal arguments only", call)
-            return
-        if kind == "triton":
-            if any(k.arg != "device_str" or not isinstance(k.value, ast.Constant) for k in call.keywords) \
-                    or not _IDENT.fullmatch(call.args[0].value):
-                self.flag("allowlist-kernel", f"{name}: triton takes a kernel name and device_str literals", call)
-            from tilesmith.gate.allowlist_kernel import check_source
-
-            for f in check_source(call.args[1].value):
-                self.found.append(Finding(f.code, f"kernel {name} line {f.line}: {f.message}", call.lineno))
-            return
-        types = call.args[0]
-        if call.keywords or not isinstance(types, ast.List) or not all(
-                isinstance(t, ast.Constant) and isinstance(t.value, str) and _CTYPE.fullmatch(t.value) for t in types.elts):
-            self.flag("allowlist-kernel", f"{name}: cpp_pybinding takes a list of C argument types and a source", call)
 
     # -- module level ----------------------------------------------------------------------------------------
     def _top(self, node) -> None:

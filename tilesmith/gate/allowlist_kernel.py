@@ -1,7 +1,9 @@
-"""The allowlist for a Triton kernel's source: the string a wrapper gives `async_compile.triton(name, '''...''')`.
+"""The allowlist for a kernel definition, `name = async_compile.triton(name, '''...''', device_str=...)` or
+`async_compile.cpp_pybinding([argument types], '''...''')`: literal arguments only, C types that are types (Inductor
+pastes them into the C++ it compiles), and the Triton source checked as what it is.
 
-That string is a Python module Inductor writes to its cache and imports, so it is checked as Python, with rules of
-its own (stdlib only):
+A Triton source is a Python module Inductor writes to its cache and imports, so it is checked as Python, with rules
+of its own (stdlib only):
 
 - module level: the imports Inductor writes (triton, triton.language, the torch._inductor.runtime pieces: helpers,
   heuristics, hints, libdevice), `triton_helpers.set_driver_to_gpu()`, literal constants, and functions decorated
@@ -22,9 +24,10 @@ import ast
 import re
 
 from tilesmith.gate import allowlist_tables as T
-from tilesmith.gate.allowlist import Checker, Finding
+from tilesmith.gate.allowlist import _IDENT, Checker, Finding
 
 _SAFE_STR = re.compile(r"[A-Za-z0-9_.*:\-]*")
+_CTYPE = re.compile(r"(const )?[A-Za-z_][A-Za-z0-9_:]*( ?\*)?")  # a cpp_pybinding argument type: `const float*`
 _HEURISTICS = "torch._inductor.runtime.triton_heuristics."
 
 
@@ -37,6 +40,27 @@ def check_source(src: str) -> list[Finding]:
     c = Checker(tree, kernel=True)
     c.run()
     return sorted(c.found, key=lambda f: f.line)
+
+
+def definition(c: Checker, name: str, call: ast.Call) -> None:
+    """`k = async_compile.triton('k', '''<module>''', device_str='cuda')` or `.cpp_pybinding([types], '''<C++>''')`:
+    literal arguments only; a Triton module is checked as the Python it is."""
+    kind = call.func.attr
+    lits = [a for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    if len(call.args) != 2 or len(lits) != (2 if kind == "triton" else 1):
+        c.flag("allowlist-kernel", f"{name}: {kind} takes literal arguments only", call)
+        return
+    if kind == "triton":
+        if any(k.arg != "device_str" or not isinstance(k.value, ast.Constant) for k in call.keywords) \
+                or not _IDENT.fullmatch(call.args[0].value):
+            c.flag("allowlist-kernel", f"{name}: triton takes a kernel name and device_str literals", call)
+        for f in check_source(call.args[1].value):
+            c.found.append(Finding(f.code, f"kernel {name} line {f.line}: {f.message}", call.lineno))
+        return
+    types = call.args[0]
+    if call.keywords or not isinstance(types, ast.List) or not all(
+            isinstance(t, ast.Constant) and isinstance(t.value, str) and _CTYPE.fullmatch(t.value) for t in types.elts):
+        c.flag("allowlist-kernel", f"{name}: cpp_pybinding takes a list of C argument types and a source", call)
 
 
 def collect(c: Checker) -> None:
