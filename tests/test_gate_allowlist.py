@@ -324,6 +324,24 @@ def test_a_triton_kernel_source_is_checked_as_the_python_module_it_is(edit, code
     assert code in {f.code for f in check_source(edit(src))}, check_source(edit(src))
 
 
+_TEMPLATE_GRID = ("'grid_type': 'FixedGrid', 'fixed_grid': ['_grid_0', '_grid_1', '_grid_2'], "
+                  "'extra_launcher_args': ['_grid_0', '_grid_1', '_grid_2']")
+_PRECOMPUTED = ("'grid_type': 'PrecomputedGrid', 'precomputed_grids': [{'config': {'BLOCK': 64}, 'python': "
+                "['-(-s0 // 64)', '1', '1'], 'cpp': ['-(-s0 / 64)', '1', '1'], 'python_slow': ['-(-s0 // 64)', '1', "
+                "'1']}], 'extra_launcher_args': ['_launcher_s0']")
+
+
+def test_a_kernels_grid_given_as_names_or_arithmetic_passes_and_one_given_as_code_does_not():
+    """Templates (max-autotune) launch on a grid passed as arguments, user Triton kernels on grids Inductor computed:
+    the autotuner pastes both into the launcher it exec()s, so names and arithmetic pass and nothing else does."""
+    src = _a_triton_kernel()
+    for grid in (_TEMPLATE_GRID, _PRECOMPUTED):
+        assert check_source(src.replace("'grid_type': 'Grid1D'", grid)) == [], grid
+    for bad in (_TEMPLATE_GRID.replace("'_grid_0', '_grid_1'", "'os.system', '_grid_1'"),
+                _PRECOMPUTED.replace("'-(-s0 // 64)', '1'", "\"__import__('os').system('true')\", '1'")):
+        assert "allowlist-kernel" in {f.code for f in check_source(src.replace("'grid_type': 'Grid1D'", bad))}, bad
+
+
 def test_switching_the_screen_off_switches_the_whole_static_stage_off(monkeypatch, tmp_path):
     cheat = _HEADER + "def call(args):\n    return torch.os.getpid()\n"
     worker = SimpleNamespace(proc=SimpleNamespace(pid=os.getpid()), dir=tmp_path)

@@ -173,7 +173,50 @@ def _meta(c: Checker, node, which: str, fn: str) -> None:
             continue
         if key in T.META_FIXED and not (isinstance(v, ast.Constant) and v.value in T.META_FIXED[key]):
             c.flag("allowlist-kernel", f"{fn}: {which}[{key!r}] is {ast.unparse(v)}, not Inductor's default", v)
-        _data(c, v, f"{which}[{key!r}]")
+        elif key in T.META_NAMES:
+            if not (isinstance(v, ast.List) and all(isinstance(e, ast.Constant) and isinstance(e.value, str)
+                                                    and _IDENT.fullmatch(e.value) for e in v.elts)):
+                c.flag("allowlist-kernel", f"{fn}: {which}[{key!r}] is not a list of names", v)
+        elif key == "precomputed_grids":
+            _grids(c, v, fn)
+        else:
+            _data(c, v, f"{which}[{key!r}]")
+
+
+def _grids(c: Checker, node, fn: str) -> None:
+    """precomputed_grids (a user Triton kernel's launch grids per config): the autotuner exec()s the "python"
+    entries in its launcher, so each must be arithmetic on names and integers; "cpp" ones (C++ wrappers only) the
+    same characters."""
+    ok = isinstance(node, ast.List)
+    for entry in node.elts if ok else ():
+        if not isinstance(entry, ast.Dict) or not all(isinstance(k, ast.Constant) for k in entry.keys):
+            ok = False
+            continue
+        for k, v in zip(entry.keys, entry.values):
+            if k.value == "config":
+                _data(c, v, "a precomputed grid's config")
+            elif k.value in ("python", "python_slow", "cpp") and isinstance(v, ast.List):
+                ok = ok and all(isinstance(e, ast.Constant) and isinstance(e.value, str) and _arithmetic(e.value, k.value)
+                                for e in v.elts)
+            else:
+                ok = False
+    if not ok:
+        c.flag("allowlist-kernel", f"{fn}: precomputed_grids holds more than arithmetic on names", node)
+
+
+_ARITH = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv,
+          ast.Mod, ast.Pow, ast.USub, ast.UAdd)
+_CPP_ARITH = re.compile(r"[A-Za-z0-9_ ()+\-*/%<>:,.]*")
+
+
+def _arithmetic(expr: str, lang: str) -> bool:
+    if lang == "cpp":
+        return _CPP_ARITH.fullmatch(expr) is not None
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return False
+    return all(isinstance(n, _ARITH) or (isinstance(n, ast.Constant) and type(n.value) is int) for n in ast.walk(tree))
 
 
 def _data(c: Checker, node, where: str) -> None:

@@ -143,10 +143,11 @@ KERNEL_IMPORT = frozenset({"triton", "triton.language", "math"})
 # Decorators Inductor writes (and the tuner's fixed_config); their arguments are data (see allowlist._decorator).
 HEURISTICS = frozenset({"pointwise", "reduction", "persistent_reduction", "split_scan", "template", "foreach",
                         "cooperative_reduction", "fixed_config", "user_autotune"})
-# inductor_meta keys Inductor writes. Left out: those whose strings become code the autotuner exec()s
-# (fixed_grid, precomputed_grids, extra_launcher_args, config_args) or that name files and remote caches
-# (profile_bandwidth_output); autotune_remote_cache, store_cubin and force_disable_caches must keep Inductor's
-# defaults (None, False, False).
+# inductor_meta keys Inductor writes. The autotuner pastes some of their strings into launcher code it exec()s:
+# fixed_grid and extra_launcher_args (templates: `_grid_0`...) must then be lists of names, precomputed_grids (user
+# Triton kernels) arithmetic on names (allowlist_kernel._grids); config_args is left out, as are keys that name files
+# or remote caches (profile_bandwidth_output); autotune_remote_cache, store_cubin and force_disable_caches must keep
+# Inductor's defaults (None, False, False).
 INDUCTOR_META = frozenset("""
     are_deterministic_algorithms_enabled assert_indirect_indexing atomic_add_found autotune_hints autotune_local_cache
     autotune_pointwise autotune_remote_cache backend_hash deterministic dynamic_scale_rblock force_disable_caches
@@ -158,7 +159,9 @@ INDUCTOR_META = frozenset("""
     incremental_autotune warp_size max_threads_per_block combo_grid_meta combo_tuning_groups
     combo_warp_stage_candidates combo_coordesc_field_limits combo_coordesc_field_order tma_min_block_sizes
     profile_bandwidth profile_bandwidth_regex profile_bandwidth_with_do_bench_using_profiling benchmark_kernel
+    fixed_grid extra_launcher_args precomputed_grids declared_constexpr_names
 """.split())
+META_NAMES = frozenset({"fixed_grid", "extra_launcher_args", "declared_constexpr_names", "mutated_arg_names"})
 META_FIXED = {"autotune_remote_cache": (None, False), "store_cubin": (False,), "force_disable_caches": (False,),
               "profile_bandwidth": (False, None), "benchmark_kernel": (False, None)}
 TRITON_META = frozenset({"signature", "device", "constants", "configs", "disable_ftz", "enable_fp_fusion",
