@@ -51,10 +51,11 @@ def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=N
                 sandbox=sandbox.level())
     note = on_progress or (lambda stage, message: None)
     note("static", "screening the source")
-    from tilesmith.gate.static import screen
+    from tilesmith.gate import static
 
     try:
-        findings = screen(raw.decode())
+        text = raw.decode()
+        findings = static.screen(text) or static.allowlist(text)  # the allowlist reads what the screen let through
     except UnicodeDecodeError:
         findings = []
         v.reasons.append(Reason("static-syntax", "the candidate is not UTF-8 text"))
@@ -217,6 +218,12 @@ def _pass(v: Verdict, p: Pass, named_sets: list, contents: list, ctx: dict, prep
     try:
         v.stage = stage("load")
         w = _load(ctx, prep, key)
+        from tilesmith.gate.static import native
+
+        reasons = [Reason(f.code, f"{v.stage}: {f.message}") for f in native(w)]  # the C++ it built, read by us
+        if reasons:
+            v.reasons += reasons
+            return False
         v.stage = stage("correctness")
         reasons, r = _correctness(p, named_sets, ctx, w, ref, key)
         if not reasons and ctx["policy"].correctness_only:  # a check, not a decision: never accepted
