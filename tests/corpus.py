@@ -45,9 +45,14 @@ def capture(e: Entry, ws: Path) -> list[Path]:
     """Capture the entry's script into `ws`; its eligible graphs (at least one, or the capture failed)."""
     p = run_capture_subprocess(e.script, ws, *e.args, timeout=900)
     assert p.returncode == 0, f"{e}: capture failed\n{p.stderr[-4000:]}"
+    return eligible(ws, p.stdout)
+
+
+def eligible(ws: Path, said: str = "") -> list[Path]:
+    """A captured workspace's eligible graphs (at least one)."""
     graphs = [g for g in sorted((ws / "graphs").iterdir())
               if json.loads((g / "graph.json").read_text()).get("eligible")]
-    assert graphs, f"{e}: no eligible graph\n{p.stdout[-2000:]}"
+    assert graphs, f"{ws}: no eligible graph\n{said[-2000:]}"
     return graphs
 
 

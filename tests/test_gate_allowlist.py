@@ -18,7 +18,7 @@ import pytest
 from tests import corpus, redteam
 from tests import gate_helpers as h
 from tests import redteam_static as RS
-from tests.conftest import EXAMPLES, FIXTURES, captured_workspace
+from tests.conftest import FIXTURES, captured_workspace
 from tilesmith.gate import allowlist, allowlist_native as N, static
 from tilesmith.gate.allowlist_kernel import check_source
 from tilesmith.search import kernels as K
@@ -66,14 +66,14 @@ def test_every_h100_wrapper_its_whole_call_replay_and_every_tuner_variant_pass_t
 
 CPU_CORPUS = {
     "inference": "inference_ws", "training": "training_ws", "oversubscribed": "oversub_ws",
-    "moe": (EXAMPLES / "moe.py", "--steps", "1", "--device", "cpu"),
+    "moe": (corpus.entry("moe", "cpu").script, *corpus.entry("moe", "cpu").args),
     "bf16_matmul": (FIXTURES / "bf16_matmul.py", "--device", "cpu"), "ineligible": (FIXTURES / "ineligible.py",),
     "router_topk": (FIXTURES / "router_topk.py",), "slow_matmul": (FIXTURES / "slow_matmul.py",),
     "slow_pointwise": (FIXTURES / "slow_pointwise.py",), "slow_two_matmuls": (FIXTURES / "slow_two_matmuls.py",),
     "two_matmuls_vectorized": (FIXTURES / "slow_two_matmuls.py", "--vectorized"),
     "token_ids": (FIXTURES / "token_ids.py",),
-    **{f"{m}{'-train' if t else ''}": (FIXTURES / "corpus_model.py", "--model", m, "--device", "cpu", "--steps", "1",
-                                       *(("--train",) if t else ())) for m in ("gpt2", "llama") for t in (False, True)},
+    # the gate corpus's own captures (tests/corpus.py), shared with tests/test_gate_corpus.py in one test process
+    **{n: (corpus.entry(n, "cpu").script, *corpus.entry(n, "cpu").args) for n in ("gpt2", "llama", "gpt2-train", "llama-train")},
 }
 
 

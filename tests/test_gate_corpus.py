@@ -19,8 +19,9 @@ ENTRIES = {name: corpus.entry(name, "cpu") for name in ("gpt2", "llama", "gpt2-t
 
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory, inductor_cache):
-    out = {name: corpus.capture(e, tmp_path_factory.mktemp(name) / "ws") for name, e in ENTRIES.items()}
-    return out
+    """The corpus's captures, shared with the other test files of this process (the allowlist's corpus)."""
+    return {name: corpus.eligible(captured_workspace(tmp_path_factory, name, e.script, *e.args))
+            for name, e in ENTRIES.items()}
 
 
 @pytest.fixture(scope="module")
