@@ -64,7 +64,8 @@ class Reference:
     float64 reference for every seed's sets, its solo per-call time
     (from this process's cache where it has them), and then, kept open, the baseline's timed samples."""
 
-    def __init__(self, gdir: Path, sets: dict, contents: dict, pair, ctx: dict, quiet_first: list):
+    def __init__(self, gdir: Path, sets: dict, contents: dict, pair, ctx: dict, quiet_first: list,
+                 specials: dict | None = None):
         policy, device = ctx["policy"], ctx["device"]
         gid = _graph_id(gdir)
         self._keys = {s: (gid, s, policy.random_sets, policy.rotating_sets, tuple(pair), device) for s in sets}
@@ -88,6 +89,9 @@ class Reference:
         self.worker = self._worker("reference", ctx, gdir)
         self.timer = None if policy.correctness_only else self._worker("timer", ctx, gdir)
         missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
+        # Each seed's special-value sets (gate/inputs.py special_sets), run apart from the others: the original
+        # may fail on NaN in its inputs (an index computed from a float), and that must not fail the decision.
+        self._specials = {s: (specials or {}).get(s) or [] for s in missing}
         args = (gdir, missing, contents[next(iter(contents))], pair, ctx, quiet_first)
         self._thread = threading.Thread(target=self._run, args=args, daemon=True)
         self._thread.start()
@@ -104,6 +108,20 @@ class Reference:
             return w
         return Worker(role, spares.home, ctx["device"], (gdir,))  # its folder outlives this decision's
 
+    def _restart(self, ctx: dict, gdir: Path):
+        """A fresh reference worker, loaded, in place of the one closed when the original failed on the
+        special-value sets (a failed request ends its worker)."""
+        from tilesmith.gate.proc import Worker, start_worker
+
+        self.worker.close()
+        self.reused.discard("reference")
+        spares = ctx.get("spares")
+        self.worker = (start_worker("reference", ctx["scratch"], ctx["device"], (gdir,)) if spares is None
+                       else Worker("reference", spares.home, ctx["device"], (gdir,)))
+        self.worker.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": ctx["device"]},
+                            ctx["policy"].load_timeout_s)
+        return self.worker
+
     @property
     def done(self) -> bool:
         return not self._thread.is_alive() and self.error is None
@@ -113,7 +131,8 @@ class Reference:
         try:
             per_seed, solo = _reference(self.worker, gdir, missing, first_contents, pair, ctx, self.quiet,
                                         quiet_first, None if self._solo_key not in _SOLO_CACHE else 0.0,
-                                        loaded="reference" in self.reused)
+                                        loaded="reference" in self.reused, specials=self._specials,
+                                        restart=lambda: self._restart(ctx, gdir))
             for s, r in per_seed.items():
                 while len(_REF_CACHE) >= _REF_CACHE_SEEDS:
                     _REF_CACHE.pop(next(iter(_REF_CACHE)))
@@ -140,7 +159,8 @@ class Reference:
         self.quiet.set()
 
     def get(self) -> dict:
-        """{"base"|"ref64": {seed: ...}, "per_call_ns": float}, waiting if need be."""
+        """{"base"|"ref64"|"special": {seed: ...}, "per_call_ns": float}, waiting if need be. A seed's "special":
+        None (no special-value sets), or {"base", "ref64", "error"}: "error" says how the original failed on them."""
         from tilesmith.gate.proc import WorkerFailure
 
         self.calm()
@@ -151,10 +171,10 @@ class Reference:
                                  code="baseline-failed", hint="check `tilesmith replay GRAPH_DIR` first") from None
         if self.error is not None:
             raise self.error
-        out = {"base": {}, "ref64": {}, "per_call_ns": _SOLO_CACHE[self._solo_key]}
+        out = {"base": {}, "ref64": {}, "special": {}, "per_call_ns": _SOLO_CACHE[self._solo_key]}
         for s, k in self._keys.items():
-            for part in ("base", "ref64"):
-                out[part][s] = _REF_CACHE[k][part]
+            for part in ("base", "ref64", "special"):
+                out[part][s] = _REF_CACHE[k].get(part)
         return out
 
     def close(self, spares=None) -> None:
@@ -175,12 +195,14 @@ class Reference:
 
 
 def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, quiet, quiet_first: list,
-               solo_known, loaded: bool = False) -> tuple[dict, float | None]:
+               solo_known, loaded: bool = False, specials: dict | None = None, restart=None) -> tuple[dict, float | None]:
     """The original alone, in worker `w`: outputs and the float64 reference on every set of the seeds in
-    `missing`; then (once `quiet` is set and the workers in
+    `missing`, and on their `specials` (where the original fails on those, `restart()` gives the worker to go
+    on with); then (once `quiet` is set and the workers in
     quiet_first are idle) a solo per-call time that sizes timed samples, unless `solo_known`."""
     import torch
 
+    from tilesmith.gate.proc import WorkerFailure
     from tilesmith.gate.timing import solo_ns
 
     policy, clock, device = ctx["policy"], ctx["clock"], ctx["device"]
@@ -200,8 +222,17 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
             r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
                           policy.call_timeout_s)
         ref64 = load_raw(o, torch)["outputs"] if r.get("available") else None
-        out[seed] = {"base": base, "ref64": ref64}
+        out[seed] = {"base": base, "ref64": ref64, "special": None}
         f.unlink()
+    todo = {seed: named for seed, named in (specials or {}).items() if named}
+    if todo:
+        try:
+            for seed, got in _special_outputs(w, gdir, todo, ctx).items():
+                out[seed]["special"] = got
+        except WorkerFailure as e:  # the original's own behaviour on NaN inputs: those sets are left out
+            for seed in todo:
+                out[seed]["special"] = {"base": None, "ref64": None, "error": f"{e.code}: {e.message}"[:300]}
+            w = restart()
     if solo_known is not None:
         return out, None
     f = w.dir / "rotating-ref.pt"
@@ -215,6 +246,29 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
         p.idle()
     calm_spares()
     return out, solo_ns(w, "baseline", policy.call_timeout_s)
+
+
+def _special_outputs(w, gdir, specials: dict, ctx: dict) -> dict:
+    """{seed: {"base", "ref64", "error": ""}}: the original's outputs and float64 reference on each seed's special-value
+    sets, each seed in a request of its own; raises WorkerFailure where the original fails on them."""
+    import torch
+
+    policy, clock = ctx["policy"], ctx["clock"]
+    text = (Path(gdir) / WRAPPER_FILE).read_text()
+    out = {}
+    for seed, named in specials.items():
+        f, o = w.dir / f"sets-special-{seed}.pt", w.dir / f"special-{seed}.pt"
+        save_sets(f, named, torch)
+        with clock("reference.special"):
+            w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o), "pair": []},
+                      policy.call_timeout_s)
+            base = load_raw(o, torch)
+            r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
+                          policy.call_timeout_s)
+            out[seed] = {"base": base, "ref64": load_raw(o, torch)["outputs"] if r.get("available") else None,
+                         "error": ""}
+        f.unlink()
+    return out
 
 
 def rotating(named_sets: list, policy: Policy) -> list:
