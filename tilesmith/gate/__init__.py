@@ -292,19 +292,20 @@ def _correctness(p: Pass, named_sets: list, ctx: dict, w, ref: Reference, key: s
 
 
 def _special(ctx: dict, w, seed: int, orig, clock_key: str) -> tuple | None:
-    """(named special-value sets, the candidate's raw outputs on them, the original's {"base", "ref64"}), asked
-    of the candidate only once the original is known to run on them; None where the graph has none or the
-    original itself fails on them (a warning says so)."""
+    """(named special-value sets, the candidate's raw outputs on them, the original's {"names", "base", "ref64"}),
+    asked of the candidate only once the original is known to run on them; None where the graph has none or the
+    original itself fails on all of them (a warning names those it fails on)."""
     import torch
 
-    named = ctx["specials"].get(seed) or []
-    if not named or orig is None:
+    if orig is None:
         return None
     if orig.get("error"):
-        warn = Reason("special-sets-skipped", "the original fails on the special-value input sets (NaN, inf, extreme "
-                                              f"magnitudes in its activations), so they were not compared: {orig['error']}")
+        warn = Reason("special-sets-skipped", "the original itself fails on special-value input sets (NaN, inf, extreme "
+                                              f"magnitudes in its activations); those were not compared: {orig['error']}")
         if warn not in ctx["warnings"]:
             ctx["warnings"].append(warn)
+    named = [(n, inputs) for n, inputs in ctx["specials"].get(seed) or [] if n in orig["names"]]
+    if not named:
         return None
     f, o = w.dir / f"sets-special-{seed}.pt", w.dir / f"special-{seed}.pt"
     with ctx["clock"](clock_key):

@@ -160,7 +160,8 @@ class Reference:
 
     def get(self) -> dict:
         """{"base"|"ref64"|"special": {seed: ...}, "per_call_ns": float}, waiting if need be. A seed's "special":
-        None (no special-value sets), or {"base", "ref64", "error"}: "error" says how the original failed on them."""
+        None (no special-value sets), or {"names", "base", "ref64", "error"}: the sets the original runs on, its
+        outputs and float64 reference on them, and how it failed on the others."""
         from tilesmith.gate.proc import WorkerFailure
 
         self.calm()
@@ -202,7 +203,6 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
     quiet_first are idle) a solo per-call time that sizes timed samples, unless `solo_known`."""
     import torch
 
-    from tilesmith.gate.proc import WorkerFailure
     from tilesmith.gate.timing import solo_ns
 
     policy, clock, device = ctx["policy"], ctx["clock"], ctx["device"]
@@ -226,13 +226,7 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
         f.unlink()
     todo = {seed: named for seed, named in (specials or {}).items() if named}
     if todo:
-        try:
-            for seed, got in _special_outputs(w, gdir, todo, ctx).items():
-                out[seed]["special"] = got
-        except WorkerFailure as e:  # the original's own behaviour on NaN inputs: those sets are left out
-            for seed in todo:
-                out[seed]["special"] = {"base": None, "ref64": None, "error": f"{e.code}: {e.message}"[:300]}
-            w = restart()
+        w = _special_outputs(w, gdir, todo, ctx, out, restart)
     if solo_known is not None:
         return out, None
     f = w.dir / "rotating-ref.pt"
@@ -248,27 +242,47 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
     return out, solo_ns(w, "baseline", policy.call_timeout_s)
 
 
-def _special_outputs(w, gdir, specials: dict, ctx: dict) -> dict:
-    """{seed: {"base", "ref64", "error": ""}}: the original's outputs and float64 reference on each seed's special-value
-    sets, each seed in a request of its own; raises WorkerFailure where the original fails on them."""
+def _special_outputs(w, gdir, specials: dict, ctx: dict, out: dict, restart):
+    """Into out[seed]["special"], {"names", "base", "ref64", "error"}: the original's outputs and float64 reference on
+    those of the seed's special-value sets it runs on, each set in a request of its own. A set the original fails on
+    (NaN reaching an index: its own behaviour, not a candidate's fault) is left out, for every seed, and "error"
+    says how it failed; `restart()` gives the worker to go on with. Returns the worker."""
     import torch
+
+    from tilesmith.gate.proc import WorkerFailure
 
     policy, clock = ctx["policy"], ctx["clock"]
     text = (Path(gdir) / WRAPPER_FILE).read_text()
-    out = {}
+    failed: dict = {}  # set name -> how the original failed on it
     for seed, named in specials.items():
+        kept, bases = [], []
         f, o = w.dir / f"sets-special-{seed}.pt", w.dir / f"special-{seed}.pt"
-        save_sets(f, named, torch)
-        with clock("reference.special"):
-            w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o), "pair": []},
-                      policy.call_timeout_s)
-            base = load_raw(o, torch)
-            r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
-                          policy.call_timeout_s)
-            out[seed] = {"base": base, "ref64": load_raw(o, torch)["outputs"] if r.get("available") else None,
-                         "error": ""}
-        f.unlink()
-    return out
+        for name, inputs in named:
+            if name in failed:
+                continue
+            save_sets(f, [(name, inputs)], torch)
+            try:
+                with clock("reference.special"):
+                    w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o),
+                               "pair": []}, policy.call_timeout_s)
+            except WorkerFailure as e:
+                failed[name] = f"set {name}: {e.code}: {e.message}"[:300]
+                w = restart()
+                f, o = w.dir / f.name, w.dir / o.name
+                continue
+            kept.append((name, inputs))
+            bases.append(load_raw(o, torch)["sets"][0])
+        ref64 = None
+        if kept:
+            save_sets(f, kept, torch)
+            with clock("reference.special"):
+                r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
+                              policy.call_timeout_s)
+            ref64 = load_raw(o, torch)["outputs"] if r.get("available") else None
+        f.unlink(missing_ok=True)
+        out[seed]["special"] = {"names": [n for n, _ in kept], "base": {"sets": bases}, "ref64": ref64,
+                                "error": "; ".join(failed.values())}
+    return w
 
 
 def rotating(named_sets: list, policy: Policy) -> list:
