@@ -71,6 +71,7 @@ class Reference:
         self._keys = {s: (gid, s, policy.random_sets, policy.rotating_sets, tuple(pair), device) for s in sets}
         self._solo_key = (gid, device, policy.rotating_sets)
         self.quiet = threading.Event()
+        self._closing = threading.Event()  # close() is stopping the thread: a failed request is not the original's
         self.error = None
         self.base_role = "best" if ctx.get("timing_base") else "baseline"
         # The worker that times the baseline apart: one of its own that loads the baseline and nothing
@@ -114,6 +115,8 @@ class Reference:
         from tilesmith.gate.proc import Worker, start_worker
 
         self.worker.close()
+        if self._closing.is_set():  # killed by close(), not failed on its own: nothing to go on with
+            raise RuntimeError("the decision ended while the reference ran the special-value sets")
         self.reused.discard("reference")
         spares = ctx.get("spares")
         self.worker = (start_worker("reference", ctx["scratch"], ctx["device"], (gdir,)) if spares is None
@@ -182,11 +185,15 @@ class Reference:
         """Stop the reference worker (still running when the candidate failed before it was needed); with
         `spares`, keep the reference and timer workers for the next decision when they are idle and well."""
         self.quiet.set()
+        self._closing.set()
         workers = {r: w for r, w in (("reference", self.worker), ("timer", self.timer)) if w is not None}
         if self._thread.is_alive():
             for w in workers.values():
                 w.kill()
             self._thread.join()
+        if self.worker is not workers.get("reference"):  # replaced by _restart before the kill reached it
+            workers["reference"].close()
+            workers["reference"] = self.worker
         for role, w in workers.items():
             # The thread has ended: without an error, both workers did all they were asked and are idle.
             if spares is not None and self.error is None and role in self._kept_keys:
