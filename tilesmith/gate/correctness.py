@@ -268,7 +268,9 @@ def compare_special(cand, orig, ref=None, scale: float = 0.0, allow_nonfinite: b
     if res.bad:
         j = int(torch.where(bad, diff / allowed, torch.zeros_like(diff)).argmax())
         i = int(fin.flatten().nonzero()[j])
-        res.ok, res.why, res.test, res.allowed = False, "values", "special", float(allowed[j])
+        band = max(PRECISION_BAND, 16 * _EPS.get(orig.dtype, 0.0))  # as compare_values: close, yet outside
+        res.why = "precision" if float(diff[j] / s[j]) < band else "values"
+        res.ok, res.test, res.allowed = False, "special", float(allowed[j])
         res.where = (f"{res.bad} of {orig.numel()} elements, worst at index {_index(i, orig.shape)} (candidate "
                      f"{float(c[j]):.6g}, original {float(o[j]):.6g}, allowed difference {float(allowed[j]):.3g} = "
                      f"{rtol:g} x |original| + {atol:g} x {float(s[j]):.3g}, the larger of its row's largest "
@@ -312,7 +314,8 @@ def _value_reason(name: str, what: str, v: ValueCheck) -> Reason:
     if v.why == "nonfinite":
         return Reason("nonfinite-mismatch", f"set {name}: {what} places NaN/inf unlike the original at {v.where}")
     if v.test == "special":
-        return Reason("wrong-values", f"set {name}: {what} differs from the original at {v.where}")
+        return Reason("precision" if v.why == "precision" else "wrong-values",
+                      f"set {name}: {what} differs from the original at {v.where}")
     code = "precision" if v.why == "precision" else "wrong-values"
     if v.test == "ref64-rms":
         return Reason(code, f"set {name}: {what} ({v.dtype}) has RMS error {v.rms_cand:.3g} against the float64 "

@@ -224,7 +224,7 @@ SPECIAL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # reduction (LayerNorm, softmax, a matmul's output row) stay free of NaN and outputs keep finite parts to
 # compare; high enough that a 64x128 activation gets ~32 non-finite and ~256 extreme elements.
 NONFINITE_SHARE = 1 / 256  # NaN, +inf, -inf in equal parts (at least one of each)
-EXTREME_SHARE = 1 / 32  # half log-uniform magnitudes across the dtype's normal range, a quarter subnormals, -0.0
+EXTREME_SHARE = 1 / 32  # half log-uniform magnitudes up to 2**59 (_EXTREME_LOG2), a quarter subnormals, -0.0
 
 
 def special_targets(meta: dict, captured: list) -> list[int]:
@@ -251,7 +251,7 @@ def special_sets(meta: dict, captured: list, seed: int) -> list[tuple[str, list]
     parameters exactly as captured (what a program runs), integer and bool inputs drawn in their recorded
     [min, max] and floats drawn as in the 'normal' random set, then in the special_targets inputs a share
     of the elements replaced: "nonfinite" NaN, +inf, -inf; "extremes" finite values beyond any recorded
-    range (magnitudes log-uniform up to the dtype's largest, subnormals, -0.0). Two sets, so that NaN
+    range (magnitudes log-uniform over the dtype's exponents up to 2**59, subnormals, -0.0). Two sets, so that NaN
     does not hide what the extreme magnitudes do. CPU tensors."""
     targets = special_targets(meta, captured)
     if not targets:
@@ -283,13 +283,22 @@ def _nonfinite(k: int) -> torch.Tensor:
     return torch.tensor([math.nan, math.inf, -math.inf], dtype=torch.float64).repeat(k // 3 + 1)[:k]
 
 
+# Log2 of the largest extreme magnitude, by dtype: the square root of what the arithmetic holds (float32 for the
+# half types and float32, as Inductor computes and accumulates them), less 2**5. Above it, a product of two
+# extremes (two activations: attention, a backward's weight gradient) lands near overflow, and whether a dot
+# product overflows depends on the order of its sum: an fp32-accumulated bf16 matmul summed in another order
+# placed inf and NaN unlike the original's on every one of 10 seeds with the full range (3.4e38). Up to 2**59
+# (5.8e17) products stay 2**10 below it. Infinities themselves are the other set's.
+_EXTREME_LOG2 = {torch.float16: math.log2(65504.0), torch.bfloat16: 59.0, torch.float32: 59.0, torch.float64: 507.0}
+
+
 def _extremes(k: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
-    """k values in float64: 2 in 4 of magnitude 2**e, e uniform over the dtype's normal exponents (its smallest
-    normal to its largest finite); 1 in 4 subnormal (2**e between its smallest subnormal and smallest normal);
-    1 in 4 -0.0 (each at least once); signs random. Clamped to the dtype's largest finite value, so that casting cannot round
-    up to inf: infinities belong to the other set."""
+    """k values in float64: 2 in 4 of magnitude 2**e, e uniform from the dtype's smallest normal exponent to
+    _EXTREME_LOG2 (float16: its largest finite value); 1 in 4 subnormal (2**e between its smallest subnormal
+    and smallest normal); 1 in 4 -0.0 (each at least once); signs random. Clamped to the dtype's largest
+    finite value, so that casting cannot round up to inf."""
     f = torch.finfo(dtype)
-    lo_normal, hi = math.log2(f.tiny), math.log2(f.max)
+    lo_normal, hi = math.log2(f.tiny), min(math.log2(f.max), _EXTREME_LOG2.get(dtype, math.log2(f.max)))
     lo_sub = math.log2(f.tiny * f.eps)  # the smallest subnormal: 2**-149 for float32, 2**-24 for float16
     u = torch.rand(k, generator=g, dtype=torch.float64)
     which = torch.randint(0, 4, (k,), generator=g)
