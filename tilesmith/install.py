@@ -165,6 +165,7 @@ def _provenance(run: dict, best: dict) -> dict:
         "optimizer": s.get("optimizer"), "model": s.get("model"), "agency": s.get("agency"),
         "loops": s.get("loops"), "budget": s.get("max_model_calls", s.get("budget")),
         "threshold": v.get("min_improvement", s.get("threshold")), "run_id": run["run_id"],
+        "allow_nonfinite_differences": bool(v.get("allow_nonfinite_differences", s.get("allow_nonfinite_differences"))),
         "graph_dir": best.get("graph_dir"), "workspace": run.get("workspace"),
     }
 

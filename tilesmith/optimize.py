@@ -78,7 +78,8 @@ class OptimizeSettings:
         return (prov.get("optimizer") == self.optimizer and prov.get("model") == self.model
                 and prov.get("agency") == self.agency and prov.get("loops") == self.loops
                 and prov.get("budget") == self.max_model_calls
-                and abs(float(prov.get("threshold") or 0) - float(self.min_improvement)) < 1e-12)
+                and abs(float(prov.get("threshold") or 0) - float(self.min_improvement)) < 1e-12
+                and bool(prov.get("allow_nonfinite_differences")) == self.allow_nonfinite_differences)
 
 
 @dataclass
