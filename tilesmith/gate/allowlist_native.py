@@ -322,19 +322,14 @@ def installed_roots() -> tuple[str, ...]:
 def mapped_files(pid: int) -> list[tuple[int, str]]:
     """(pid, path) of every file mapped executable in process `pid` and every process under it, read from /proc (the
     kernel's account, which nothing the processes run can change); paths as each process sees them."""
-    out, seen, todo = [], set(), [pid]
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
+    from tilesmith.gate.procfs import process_tree
+
+    out = []
+    for p in process_tree(pid):
         try:
             with open(f"/proc/{p}/maps") as f:
                 lines = f.read().splitlines()
-            for t in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{t}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except (OSError, ValueError):
+        except OSError:
             continue  # gone since it was listed
         for line in lines:
             parts = line.split(None, 5)

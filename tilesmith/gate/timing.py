@@ -156,7 +156,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
                                                idle, gap_ns, short, pre, beside, watching)
         if state == "forged":
             return None, [apart], kept
-        why = _implausible(b_all, i_all, reps, per_call_ns + gap_ns)
+        why = windows.implausible(b_all, i_all, reps, per_call_ns + gap_ns)
         if not why:
             break
     est = min(apart, near or apart, key=lambda e: e.low)  # the binding comparison is the one reported
@@ -172,34 +172,6 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
                                              "again after the first time; the candidate is not at fault)")], kept
     bad = _busy(idle)
     return t, [bad] if bad else _reasons(policy, state, est, apart, near, b_all), kept
-
-
-# The original's own samples say whether the machine let them be measured: one sample per call this many times its
-# time alone (and a millisecond more), or thirds of the pass whose medians differ by this factor (a regime change: a
-# job starting or ending beside), and the pass is measured again; twice, and the decision is `unstable-timing`.
-# Seen on the 2-core machine with another job beside: the original's samples 28-48 ms thirteen times, then 0.02 ms
-# (its kernels sum to 0.014 ms), and a 0.8x candidate accepted at 1.43x on them.
-IMPLAUSIBLE_FACTOR = 5.0
-REGIME_FACTOR = 3.0
-
-
-def _implausible(b_all: list, i_all: list, reps: int, per_call_ns: float) -> str:
-    """Why the original's samples (apart, and beside) cannot be trusted, or "". per_call_ns: its time per call alone,
-    with the program's host time before each call (gap_ns) included."""
-    for name, xs in (("in its own worker", b_all), ("beside the candidate", i_all)):
-        if len(xs) < 3:
-            continue
-        per_call = statistics.median(xs) / reps
-        if per_call > IMPLAUSIBLE_FACTOR * per_call_ns and per_call > per_call_ns + 1e6:
-            return (f"the original {name} ran {per_call / 1e6:.3f} ms per call, {per_call / per_call_ns:.0f}x its "
-                    f"{per_call_ns / 1e6:.3f} ms alone")
-        if len(xs) >= 12:
-            n = len(xs) // 3
-            meds = [statistics.median(xs[i * n:(i + 1) * n]) for i in range(3)]
-            if max(meds) > REGIME_FACTOR * min(meds):
-                return (f"the original's samples {name} changed regime within the pass (medians of its thirds "
-                        + ", ".join(f"{m / reps / 1e6:.3f}" for m in meds) + " ms per call)")
-    return ""
 
 
 def _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, gap_ns, short, pre,
