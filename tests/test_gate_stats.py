@@ -417,7 +417,7 @@ class _RegimeWorker:
 def test_an_original_measured_while_the_machine_was_busy_is_measured_again_never_used():
     """A candidate 0.8x as fast as the original was accepted at 1.43x on an original timed while another job ran:
     samples far slower than the original alone are measured again; if they stay so, the decision says so."""
-    w = _RegimeWorker(busy=20)  # the first pass's samples of the original (apart and beside alike) all contaminated
+    w = _RegimeWorker(busy=20)  # most of the first pass's samples of the original (apart and beside) contaminated
     t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0)
     assert [r.code for r in reasons] == ["not-faster"] and t.speedup < 1.0  # the second pass, on a quiet machine
     w = _RegimeWorker(busy=10**6)  # busy for good

@@ -55,12 +55,11 @@ def measured(worker, reply: dict, wall_ns: int, least_ns: int) -> tuple[Sample |
 
 
 # The original's own samples say whether the machine let them be measured: one sample per call this many times its
-# time alone (and a millisecond more), or thirds of the pass whose medians differ by this factor (a regime change: a
-# job starting or ending beside), and the pass is measured again; twice, and the decision is `unstable-timing`.
+# time alone (and a millisecond more), and the pass is measured again; twice, and the decision is `unstable-timing`.
 # Seen on the 2-core machine with another job beside: the original's samples 28-48 ms thirteen times, then 0.02 ms
-# (its kernels sum to 0.014 ms), and a 0.8x candidate accepted at 1.43x on them.
+# (its kernels sum to 0.014 ms), and a 0.8x candidate accepted at 1.43x on them. A finer test (thirds of the pass
+# whose medians differ 3x) fired on honest originals in the CPU suite, whose other test process comes and goes.
 IMPLAUSIBLE_FACTOR = 5.0
-REGIME_FACTOR = 3.0
 
 
 def implausible(b_all: list, i_all: list, reps: int, per_call_ns: float) -> str:
@@ -73,10 +72,4 @@ def implausible(b_all: list, i_all: list, reps: int, per_call_ns: float) -> str:
         if per_call > IMPLAUSIBLE_FACTOR * per_call_ns and per_call > per_call_ns + 1e6:
             return (f"the original {name} ran {per_call / 1e6:.3f} ms per call, {per_call / per_call_ns:.0f}x its "
                     f"{per_call_ns / 1e6:.3f} ms alone")
-        if len(xs) >= 12:
-            n = len(xs) // 3
-            meds = [statistics.median(xs[i * n:(i + 1) * n]) for i in range(3)]
-            if max(meds) > REGIME_FACTOR * min(meds):
-                return (f"the original's samples {name} changed regime within the pass (medians of its thirds "
-                        + ", ".join(f"{m / reps / 1e6:.3f}" for m in meds) + " ms per call)")
     return ""
