@@ -187,10 +187,11 @@ def test_every_training_graph_is_substituted_on_cold_and_warm_caches_with_the_sa
 
 
 def test_code_that_recognises_the_gates_sandbox_passes_its_checks_and_verify_catches_it_in_the_program(
-        tmp_path, inference_ws, inference_baseline):
-    """The limit the README states, shown: a wrapper that is right only where its process id is small (the
-    gate's PID namespace) passes every correctness set and every checked timed call (rejected only as not
-    faster: it does the original's work); in the program, TILESMITH_VERIFY catches it on the first call."""
+        tmp_path, inference_ws, inference_baseline, monkeypatch):
+    """The limit docs/gate.md states, shown: a wrapper that is right only where its process id is small (the
+    gate's PID namespace) is stopped by the allowlist before anything runs (it reaches `os` through a torch
+    module); with the static stage off it passes every correctness set and every checked timed call (rejected only
+    as not faster: it does the original's work); in the program, TILESMITH_VERIFY catches it on the first call."""
     from tests import redteam
     from tilesmith import sandbox
     from tilesmith.gate import Policy, judge, static
@@ -198,10 +199,12 @@ def test_code_that_recognises_the_gates_sandbox_passes_its_checks_and_verify_cat
     cache, baseline = inference_baseline
     (k,) = keys(inference_ws)
     cheat = redteam.misbehaves_outside_the_sandbox((inference_ws / "graphs" / k / "wrapper.py").read_text())
-    assert static.screen(cheat) == []
+    assert static.screen(cheat) == [] and [f.code for f in static.allowlist(cheat)] == ["allowlist-attribute"]
     if sandbox.level() == "namespaces":  # elsewhere the workers' process ids are large: the gate would see it
         (tmp_path / "cheat.py").write_text(cheat)
-        v = judge(inference_ws / "graphs" / k, tmp_path / "cheat.py", Policy(seed=0, time_budget_s=3.0, confirm=False))
+        with monkeypatch.context() as m:
+            m.setattr(static, "screen", lambda text: [])  # the whole static stage off: the dynamic line alone
+            v = judge(inference_ws / "graphs" / k, tmp_path / "cheat.py", Policy(seed=0, time_budget_s=3.0, confirm=False))
         assert not v.accepted and v.codes == ["not-faster"] and v.stage == "timing", v.reasons
     install_direct(inference_ws, k, cheat.encode())
     unverified = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)
