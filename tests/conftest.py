@@ -44,12 +44,19 @@ def run_capture_subprocess(script: Path, ws: Path, *args: str, env: dict | None 
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+_CAPTURED: dict = {}  # (script, args) -> its workspace, captured once per test process: files share them
+
+
 def captured_workspace(tmp_path_factory, name: str, script: Path, *args: str) -> Path:
-    """Capture `script` once into a fresh temp workspace; fail loudly with the script's stderr."""
-    ws = tmp_path_factory.mktemp(name) / "ws"
-    p = run_capture_subprocess(script, ws, *args)
-    assert p.returncode == 0, p.stderr
-    return ws
+    """Capture `script` with `args` once per test process (later asks, from any test file, get the same workspace:
+    read-only, copy it to change it); fail loudly with the script's stderr."""
+    key = (str(script), args)
+    if key not in _CAPTURED:
+        ws = tmp_path_factory.mktemp(name) / "ws"
+        p = run_capture_subprocess(script, ws, *args)
+        assert p.returncode == 0, p.stderr
+        _CAPTURED[key] = ws
+    return _CAPTURED[key]
 
 
 @pytest.fixture(scope="session")

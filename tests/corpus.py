@@ -45,9 +45,14 @@ def capture(e: Entry, ws: Path) -> list[Path]:
     """Capture the entry's script into `ws`; its eligible graphs (at least one, or the capture failed)."""
     p = run_capture_subprocess(e.script, ws, *e.args, timeout=900)
     assert p.returncode == 0, f"{e}: capture failed\n{p.stderr[-4000:]}"
+    return eligible(ws, p.stdout)
+
+
+def eligible(ws: Path, said: str = "") -> list[Path]:
+    """A captured workspace's eligible graphs (at least one)."""
     graphs = [g for g in sorted((ws / "graphs").iterdir())
               if json.loads((g / "graph.json").read_text()).get("eligible")]
-    assert graphs, f"{e}: no eligible graph\n{p.stdout[-2000:]}"
+    assert graphs, f"{ws}: no eligible graph\n{said[-2000:]}"
     return graphs
 
 
@@ -98,7 +103,7 @@ def judged(graph: Path, text: str, tmp: Path, case: str, **policy):
     return v, problem
 
 
-def slowed_copy(graph: Path, dest: Path, times: int = 2) -> Path:
+def slowed_copy(graph: Path, dest: Path, times: int = 3) -> Path:
     """A graph folder like `graph` whose wrapper runs the whole original call `times` times (all but the last on
     copies of the inputs, which a backward's wrapper may reuse as scratch, and with the random generators put back): its original is a genuine win there,
     whatever the graph's size (redundant kernels of a fixed size made a tiny graph's win 27x in one pass and 119x in

@@ -750,6 +750,15 @@ def _key(inputs):
     return tuple(x.data_ptr() if isinstance(x, torch.Tensor) else x for x in inputs)
 
 
+def _after_window(frame):
+    """op_time's locals once its window has closed (`last` set), found from any frame below it; else None."""
+    f = frame
+    while f is not None and f.f_code.co_name != "op_time":
+        f = _ag("f_back")(f)
+    loc = _ag("f_locals")(f) if f is not None else {}
+    return loc if loc.get("last") is not None else None
+
+
 '''
 # The dispatcher cheats' call: in the timed instance (the module's second load: _TIMED_LOAD), every call after the
 # first returns a plain uncomputed tensor of the right layout and notes its inputs (_note, the cheat's own).
@@ -1041,13 +1050,8 @@ def fills_its_outputs_from_a_profile_hook(text: str) -> str:
     setprofile = _ag("setprofile")(_sys)
 
     def hook(frame, event, arg):
-        f = frame
-        while f is not None and f.f_code.co_name != "op_time":
-            f = _ag("f_back")(f)
-        if f is None:
-            return
-        loc = _ag("f_locals")(f)
-        if "last" not in loc or loc.get("last") is None:
+        loc = _after_window(frame)
+        if loc is None:
             return  # still inside the window
         setprofile(None)
         _computed(noted, loc.get("kept"))
@@ -1184,13 +1188,8 @@ def fills_its_outputs_from_a_signal_handler(text: str) -> str:
     armed = []
 
     def handler(signum, frame):
-        f = frame
-        while f is not None and f.f_code.co_name != "op_time":
-            f = _ag("f_back")(f)
-        if f is None:
-            return
-        loc = _ag("f_locals")(f)
-        if loc.get("last") is None:
+        loc = _after_window(frame)
+        if loc is None:
             return  # still inside the window
         _ag("setitimer")(sig)(sig.ITIMER_REAL, 0)
         _ag("signal")(sig)(sig.SIGALRM, sig.SIG_DFL)

@@ -393,3 +393,36 @@ def test_a_gate_worker_sample_needs_both_window_marks_and_reports_its_spans():
     for marks in ([], [100], [1, 2, 3], [5, 1]):
         s, bad, _ = timing._sample(Worker(marks), {"op": "time", "reps": 1}, 5.0)
         assert s is None and bad.code == "timing-forged" and "window marks" in bad.message
+
+
+class _RegimeWorker:
+    """The original's samples 30 ms for the first `busy` of its samples (a job beside, as seen on the 2-core machine),
+    then 0.02 ms; the candidate 0.025 ms throughout: 0.8x, the original's true speed once the job is gone."""
+
+    def __init__(self, busy: int):
+        self.busy, self.seen = busy, 0
+
+    def request(self, msg: dict, timeout_s: float) -> dict:
+        if msg["op"] != "time":
+            return {"ok": True}
+        if msg["role"] == "baseline":
+            self.seen += 1
+            ns = 30_000_000 if self.seen <= self.busy else 20_000
+        else:
+            ns = 25_000
+        self.sent_ns, self.marks = 0, [10, 10 + ns]
+        return {"ok": True, "ns": ns}
+
+
+def test_an_original_measured_while_the_machine_was_busy_is_measured_again_never_used():
+    """A candidate 0.8x as fast as the original was accepted at 1.43x on an original timed while another job ran:
+    samples far slower than the original alone are measured again; if they stay so, the decision says so."""
+    w = _RegimeWorker(busy=20)  # most of the first pass's samples of the original (apart and beside) contaminated
+    t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0)
+    assert [r.code for r in reasons] == ["not-faster"] and t.speedup < 1.0  # the second pass, on a quiet machine
+    w = _RegimeWorker(busy=10**6)  # busy for good
+    t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0)
+    assert [r.code for r in reasons] == ["unstable-timing"] and "twice" in reasons[0].message
+    w = _RegimeWorker(busy=0)  # quiet: the first pass stands
+    t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0)
+    assert [r.code for r in reasons] == ["not-faster"] and w.seen < 200

@@ -187,10 +187,11 @@ def test_every_training_graph_is_substituted_on_cold_and_warm_caches_with_the_sa
 
 
 def test_code_that_recognises_the_gates_sandbox_passes_its_checks_and_verify_catches_it_in_the_program(
-        tmp_path, inference_ws, inference_baseline):
-    """The limit the README states, shown: a wrapper that is right only where its process id is small (the
-    gate's PID namespace) passes every correctness set and every checked timed call (rejected only as not
-    faster: it does the original's work); in the program, TILESMITH_VERIFY catches it on the first call."""
+        tmp_path, inference_ws, inference_baseline, monkeypatch):
+    """The limit docs/gate.md states, shown: a wrapper that is right only where its process id is small (the
+    gate's PID namespace) is stopped by the allowlist before anything runs (it reaches `os` through a torch
+    module); with the static stage off it passes every correctness set and every checked timed call (rejected only
+    as not faster: it does the original's work); in the program, TILESMITH_VERIFY catches it on the first call."""
     from tests import redteam
     from tilesmith.launch import sandbox
     from tilesmith.gate import Policy, judge, static
@@ -198,18 +199,23 @@ def test_code_that_recognises_the_gates_sandbox_passes_its_checks_and_verify_cat
     cache, baseline = inference_baseline
     (k,) = keys(inference_ws)
     cheat = redteam.misbehaves_outside_the_sandbox((inference_ws / "graphs" / k / "wrapper.py").read_text())
-    assert static.screen(cheat) == []
+    assert static.screen(cheat) == [] and [f.code for f in static.allowlist(cheat)] == ["allowlist-attribute"]
     if sandbox.level() == "namespaces":  # elsewhere the workers' process ids are large: the gate would see it
         (tmp_path / "cheat.py").write_text(cheat)
-        v = judge(inference_ws / "graphs" / k, tmp_path / "cheat.py", Policy(seed=0, time_budget_s=3.0, confirm=False))
+        with monkeypatch.context() as m:
+            m.setattr(static, "screen", lambda text: [])  # the whole static stage off: the dynamic line alone
+            v = judge(inference_ws / "graphs" / k, tmp_path / "cheat.py", Policy(seed=0, time_budget_s=3.0, confirm=False))
         assert not v.accepted and v.codes == ["not-faster"] and v.stage == "timing", v.reasons
     install_direct(inference_ws, k, cheat.encode())
+    unverified = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)
+    assert number(unverified, "checksum") != baseline  # without the check the program gets its zeros
     p = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache, env={"TILESMITH_VERIFY": "1"})
     s = stats_of(p)
     assert s["verified"][k]["failed"].startswith("output 0 differs"), s["verified"]
     assert number(p, "checksum") == baseline
-    unverified = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)
-    assert number(unverified, "checksum") != baseline  # without the check the program would get its zeros
+    assert store.get(k) is None and [r["key"] for r in store.revoked()] == [k]  # no later run loads it
+    again = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)
+    assert number(again, "checksum") == baseline and stats_of(again)["substituted"] == 0
 
 
 def test_verify_passes_every_honest_training_graph_whose_code_reuses_its_inputs_memory(tmp_path, training_ws):
@@ -224,8 +230,9 @@ def test_verify_passes_every_honest_training_graph_whose_code_reuses_its_inputs_
     assert p.returncode == 0 and plain.returncode == 0, p.stderr + plain.stderr
     s = stats_of(p)
     assert s["substituted"] == 4 and s["fallbacks"] == [] and warnings_in(p) == [], s
-    assert {k: v["verified_calls"] for k, v in s["verified"].items()} == {k: 2 for k in ks}, s["verified"]
-    assert len(s["marker_hits"]) == 12  # 4 graphs x 3 steps: verified beside Inductor's code twice, then alone
+    # calls 1 and 2 of each graph checked, call 3 with probability 2/3
+    assert all(2 <= s["verified"][k]["verified_calls"] <= 3 for k in ks) and set(s["verified"]) == set(ks), s["verified"]
+    assert len(s["marker_hits"]) == 12  # 4 graphs x 3 steps: the artifact runs once per call, checked or not
     assert number(p, "loss") == number(plain, "loss")
 
 
@@ -290,11 +297,12 @@ def test_unusable_artifact_falls_back_to_inductors_code_with_one_warning(case, i
 
 
 @pytest.mark.parametrize("perturb", [False, True], ids=["agrees", "differs"])
-def test_verify_checks_the_first_calls_against_inductors_code_and_drops_an_artifact_that_differs(
+def test_verify_checks_calls_against_inductors_code_and_drops_and_removes_an_artifact_that_differs(
         perturb, inference_ws, inference_baseline):
-    """TILESMITH_VERIFY=1: the program's first call runs Inductor's code and the artifact side by side; an
-    artifact whose output differs (here +1000, which the gate would reject, installed past it) never
-    reaches the program: it gets Inductor's outputs, one warning, and Inductor's code from then on."""
+    """TILESMITH_VERIFY=1: the program's first call (and later ones at random) runs the artifact and Inductor's code
+    on copies; an artifact whose output differs (here +1000, which the gate would reject, installed past it) never
+    reaches the program: it gets Inductor's outputs, one warning, Inductor's code from then on, and the artifact is
+    removed from the store."""
     cache, baseline = inference_baseline
     (k,) = keys(inference_ws)
     install_direct(inference_ws, k, marker_artifact((inference_ws / "graphs" / k / "wrapper.py").read_text(), k, perturb))
@@ -309,9 +317,11 @@ def test_verify_checks_the_first_calls_against_inductors_code_and_drops_an_artif
         assert s["marker_hits"] == [k[:12]]  # the artifact ran once, beside Inductor's code, then never
         (w,) = warnings_in(p)
         assert "call 1 checked against Inductor's code: output 0 differs" in w and w.endswith("using Inductor's code")
+        assert "removed from the store" in w and store.get(k) is None and store.revoked()[-1]["key"] == k
     else:
-        assert v == {"verified_calls": 1, "within_slack": 0, "unchecked_out_of_memory": 0, "failed": ""}
+        assert v["calls"] == 3 and 1 <= v["verified_calls"] <= 3 and v["failed"] == "", v
         assert s["marker_hits"] == [k[:12]] * 3 and s["fallbacks"] == [] and warnings_in(p) == []
+        assert store.get(k) is not None
 
 
 def test_strict_mode_turns_a_fallback_into_an_error(inference_ws, inference_baseline):

@@ -109,3 +109,18 @@ def test_verify_reports_an_artifact_modified_after_install():
 def test_put_refuses_a_string_that_is_not_a_graph_key():
     with pytest.raises(TilesmithError, match="not a graph key"):
         store.put("../../etc/passwd", b"x", kind="forward", environment=ENV, evidence=ev(1.5), provenance={})
+
+
+def test_a_revoked_artifact_is_gone_and_the_store_keeps_why_and_installed_lists_it():
+    from typer.testing import CliRunner
+
+    from tilesmith_cli.app import app
+
+    put(b"x", 1.5)
+    assert store.revoke(KEY, "call 7 checked against Inductor's code: output 0 differs") is True
+    assert store.get(KEY) is None and not store.artifact_path(KEY).exists()
+    assert [(r["key"], r["reason"][:7]) for r in store.revoked()] == [(KEY, "call 7 ")]
+    assert store.revoke(KEY, "again") is False and len(store.revoked()) == 1  # nothing installed: nothing recorded
+    r = CliRunner().invoke(app, ["installed"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "removed after a failed check" in r.stdout and KEY[:12] in r.stdout
+    assert "output 0 differs" in r.stdout

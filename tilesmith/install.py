@@ -3,6 +3,10 @@
 Trust boundary: a source gets in only when its track's best.json carries a gate verdict that says
 accepted, and best.py's bytes still hash to both best.json's sha256 and the verdict's
 candidate_sha256 (the exact bytes the gate judged). Anything else is skipped with the reason.
+The bytes must also pass the gate's allowlist (tilesmith/gate/allowlist.py) here, whatever the verdict
+says: an artifact runs in the user's own process, and a verdict from a gate without the allowlist (or one
+written by hand) proves nothing about what it reaches. One that fails is refused, with the findings. The
+runtime loads only bytes that hash to their manifest, so what it runs is what was checked here.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from tilesmith import paths, runs, store
 @dataclass
 class GraphInstall:
     key: str
-    status: str  # installed | replaced | kept | skipped | would-install | would-replace
+    status: str  # installed | replaced | kept | skipped | refused | would-install | would-replace
     reason: str
     kind: str = ""
     speedup: float | None = None
@@ -86,6 +90,9 @@ def _install_track(run: dict, track: Path, *, dry_run: bool, force: bool) -> Gra
     digest = store.sha256_bytes(data)
     if digest != best.get("sha256") or digest != verdict.get("candidate_sha256"):
         return GraphInstall(key, "skipped", "best.py's bytes do not hash to what the gate judged (modified after the verdict)", kind)
+    refusal = _allowlist_refusal(data)
+    if refusal:
+        return GraphInstall(key, "refused", refusal, kind)
     try:
         evidence = evidence_from_verdict(verdict)
     except (KeyError, TypeError, ValueError) as e:
@@ -97,6 +104,22 @@ def _install_track(run: dict, track: Path, *, dry_run: bool, force: bool) -> Gra
                     provenance=_provenance(run, best), force=force, dry_run=dry_run)
     shown = res.manifest.evidence if res.manifest is not None else evidence
     return GraphInstall(key, res.action, res.reason, kind, shown.speedup, shown.speedup_low, shown.speedup_high)
+
+
+def _allowlist_refusal(data: bytes) -> str:
+    """Why the artifact's bytes fail the gate's allowlist ("" when they pass)."""
+    from tilesmith.gate.allowlist import check
+
+    try:
+        found = check(data.decode())
+    except UnicodeDecodeError:
+        return "the artifact is not UTF-8 text"
+    if not found:
+        return ""
+    shown = "; ".join(f"line {f.line}: {f.message} [{f.code}]" for f in found[:3])
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    return (f"it reaches what a kernel wrapper never needs, which the gate's allowlist rejects: {shown}{more}. "
+            "Judge it again with this tilesmith (`tilesmith optimize`) to install a source that passes")
 
 
 def evidence_from_verdict(verdict: dict) -> store.Evidence:
@@ -142,6 +165,7 @@ def _provenance(run: dict, best: dict) -> dict:
         "optimizer": s.get("optimizer"), "model": s.get("model"), "agency": s.get("agency"),
         "loops": s.get("loops"), "budget": s.get("max_model_calls", s.get("budget")),
         "threshold": v.get("min_improvement", s.get("threshold")), "run_id": run["run_id"],
+        "allow_nonfinite_differences": bool(v.get("allow_nonfinite_differences", s.get("allow_nonfinite_differences"))),
         "graph_dir": best.get("graph_dir"), "workspace": run.get("workspace"),
     }
 

@@ -49,6 +49,7 @@ class OptimizeSettings:
     reasoning_effort: str | None = None  # sent to reasoning models (minimal | low | medium | high)
     context_window: int | None = None  # the model's input window in tokens, when its profile does not say
     warm_start: bool = True  # the agent: the built-in tuner runs first (agent_warm.py)
+    allow_nonfinite_differences: bool = False  # the gate's Policy field of that name (--allow-nonfinite-differences)
 
     def resolved(self) -> "OptimizeSettings":
         from tilesmith.gate.verdict import default_min_improvement
@@ -77,7 +78,8 @@ class OptimizeSettings:
         return (prov.get("optimizer") == self.optimizer and prov.get("model") == self.model
                 and prov.get("agency") == self.agency and prov.get("loops") == self.loops
                 and prov.get("budget") == self.max_model_calls
-                and abs(float(prov.get("threshold") or 0) - float(self.min_improvement)) < 1e-12)
+                and abs(float(prov.get("threshold") or 0) - float(self.min_improvement)) < 1e-12
+                and bool(prov.get("allow_nonfinite_differences")) == self.allow_nonfinite_differences)
 
 
 @dataclass
@@ -287,7 +289,8 @@ def _order_by_time(r: _Run, graphs):
 def _policy(settings: OptimizeSettings, seed: int, timing_baseline: Path | None):
     from tilesmith.gate.verdict import Policy
 
-    p = Policy(min_improvement=settings.min_improvement, seed=seed)
+    p = Policy(min_improvement=settings.min_improvement, seed=seed,
+               allow_nonfinite_differences=settings.allow_nonfinite_differences)
     if settings.gate_time_budget_s:
         p.time_budget_s = settings.gate_time_budget_s
     p.timing_baseline = str(timing_baseline) if timing_baseline else None  # the best so far, not the original

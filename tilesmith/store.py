@@ -182,6 +182,33 @@ def remove(key: str) -> bool:
     return existed
 
 
+def revoke(key: str, reason: str) -> bool:
+    """Remove an artifact that a program found wrong (TILESMITH_VERIFY), keeping why in revoked.jsonl beside the store,
+    so no later run loads it and `tilesmith installed` can say what happened. True if it was installed."""
+    existed = remove(key)
+    if existed:
+        line = json.dumps({"key": key, "when": now_iso(), "reason": reason[:500]}) + "\n"
+        paths.home().mkdir(parents=True, exist_ok=True)
+        with open(paths.home() / "revoked.jsonl", "a") as f:
+            f.write(line)
+    return existed
+
+
+def revoked() -> list[dict]:
+    """The artifacts programs removed after a failed check, oldest first (revoke)."""
+    try:
+        lines = (paths.home() / "revoked.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
 def remove_all() -> list[str]:
     """Remove every installed artifact; returns their keys."""
     d = paths.manifests_dir()

@@ -3,9 +3,9 @@
     python tests/gpu/smoke_flow.py --mode reduce-overhead --dir /tmp/smoke-ro [--minutes 1]
 
 `tilesmith capture examples/moe.py -- --mode MODE`, `tilesmith optimize --optimizer tuner --max-minutes M`,
-`tilesmith install RUN`, then the script again with the runtime (`TILESMITH_RUNTIME=1`). It passes only if a
-candidate was accepted, installed, and substituted by the runtime in the program, whose output matches the run
-without the runtime. Prints what it found and exits non-zero on the first step that fails.
+`tilesmith install RUN`, then the script again with the runtime. It passes only if a candidate was accepted,
+installed, and substituted by the runtime in the program, whose output matches the run without the runtime, and
+TILESMITH_VERIFY=2 checks it against Inductor's code in the program without a difference. Prints what it found and exits non-zero on the first step that fails.
 """
 
 from __future__ import annotations
@@ -78,6 +78,11 @@ def main() -> int:
     a_sum, b_sum = checksum(plain.stdout), checksum(again.stdout)
     if abs(a_sum - b_sum) > 1e-2 * max(1.0, abs(a_sum)):
         sys.exit(f"smoke: the program's output changed with the runtime ({a_sum} vs {b_sum})")
+    checked = run(f"TILESMITH_VERIFY=2 python {EXAMPLE.name} {' '.join(mode)} with the runtime",
+                  [sys.executable, "-c", code, str(EXAMPLE), *mode], env={"TILESMITH_VERIFY": "2"})
+    v = json.loads(checked.stdout.split("runtime:", 1)[1]).get("verified") or {}
+    if not v or any(x.get("failed") or not x.get("verified_calls") for x in v.values()):
+        sys.exit(f"smoke: TILESMITH_VERIFY did not check the installed win against Inductor's code cleanly ({v})")
     print(f"smoke: {len(won)} win(s) accepted, installed and substituted; best "
           f"{max(t['speedup'] for t in won):.2f}x; checksums {a_sum} / {b_sum}")
     return 0

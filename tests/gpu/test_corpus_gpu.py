@@ -95,6 +95,6 @@ def test_gpu_corpus_original_against_a_slowed_copy_is_accepted(captured, name, t
                          ids=["namedtuple", "lazy-import"])
 def test_gpu_corpus_library_habits_at_first_call_are_not_rejected(captured, maker, tmp_path):
     g = _graphs(captured, "moe")[0]
-    slow = corpus.slowed_copy(g, tmp_path / "slow", times=3)
+    slow = corpus.slowed_copy(g, tmp_path / "slow")
     v, problem = corpus.judged(slow, maker((g / "wrapper.py").read_text()), tmp_path / "cand", "win")
     assert not problem, problem

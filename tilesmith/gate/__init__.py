@@ -48,13 +48,14 @@ def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=N
     mode = resolve_mode(policy.mode, meta)
     v = Verdict(False, "static", meta.get("key", gdir.name), hashlib.sha256(raw).hexdigest(),
                 min_improvement=policy.min_improvement, checked_only=policy.correctness_only,
-                sandbox=sandbox.level())
+                sandbox=sandbox.level(), allow_nonfinite_differences=policy.allow_nonfinite_differences)
     note = on_progress or (lambda stage, message: None)
     note("static", "screening the source")
-    from tilesmith.gate.static import screen
+    from tilesmith.gate import static
 
     try:
-        findings = screen(raw.decode())
+        text = raw.decode()
+        findings = static.screen(text) or static.allowlist(text)  # the allowlist reads what the screen let through
     except UnicodeDecodeError:
         findings = []
         v.reasons.append(Reason("static-syntax", "the candidate is not UTF-8 text"))
@@ -91,7 +92,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     ctx = dict(gdir=gdir, meta=meta, cand=cand, timing_base=timing_base, timing_base_sha=v.timing_baseline_sha256 or "",
                scratch=scratch, device=device, policy=policy, mode=mode, note=note, clock=clock, WorkerFailure=WorkerFailure, spares=spares,
                modes=_modes(v, mode, raw, timing_base, meta), warnings=v.warnings)
-    seeds, sets, contents = _input_sets(gdir, meta, policy, clock)
+    seeds, sets, contents, ctx["specials"] = _input_sets(gdir, meta, policy, clock)
     ctx["pair"] = (1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1)
     note("load", "starting workers; the original runs in its own reference worker")
     # Every worker starts now, before candidate code runs anywhere, so their interpreters, imports and
@@ -101,7 +102,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     # down and is wasted when the first pass rejects: there the confirmation's worker starts after it.
     early = policy.confirm and usable_cores() >= policy.prestart_min_cores
     preps = [_Prepared(ctx) for _ in range(2 if early else 1)]
-    ref = Reference(gdir, sets, contents, ctx["pair"], ctx, quiet_first=preps[1:])
+    ref = Reference(gdir, sets, contents, ctx["pair"], ctx, quiet_first=preps[1:], specials=ctx["specials"])
     try:
         v.first = Pass(seed=seeds[0])
         ok = _pass(v, v.first, sets[seeds[0]], contents[seeds[0]], ctx, preps[0], ref, preps[1:], False)
@@ -123,10 +124,11 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     _check_reproduced(v, policy)
 
 
-def _input_sets(gdir: Path, meta: dict, policy: Policy, clock) -> tuple[list, dict, dict]:
-    """Seeds of the two passes, each one's correctness sets and the contents its timed calls rotate through."""
+def _input_sets(gdir: Path, meta: dict, policy: Policy, clock) -> tuple[list, dict, dict, dict]:
+    """Seeds of the two passes, each one's correctness sets, the contents its timed calls rotate through, and its
+    special-value sets (NaN, inf, extreme magnitudes in the activations; run in requests of their own)."""
     from tilesmith.capture import loading
-    from tilesmith.gate.inputs import derive_seed, make_sets
+    from tilesmith.gate.inputs import derive_seed, make_sets, special_sets
     from tilesmith.gate.original import timing_contents
 
     with clock("inputs"):
@@ -134,7 +136,8 @@ def _input_sets(gdir: Path, meta: dict, policy: Policy, clock) -> tuple[list, di
         seeds = [policy.seed, derive_seed(policy.seed, "confirmation") % (1 << 31)]
         sets = {s: make_sets(meta, data.inputs, s, policy.random_sets) for s in seeds}
         contents = {s: timing_contents(meta, data.inputs, s, policy) for s in seeds}
-    return seeds, sets, contents
+        specials = {s: special_sets(meta, data.inputs, s) for s in seeds}
+    return seeds, sets, contents, specials
 
 
 # A speedup above Policy.suspicious_speedup must come out within this factor in the confirmation, or the
@@ -217,6 +220,12 @@ def _pass(v: Verdict, p: Pass, named_sets: list, contents: list, ctx: dict, prep
     try:
         v.stage = stage("load")
         w = _load(ctx, prep, key)
+        from tilesmith.gate.static import native
+
+        reasons = [Reason(f.code, f"{v.stage}: {f.message}") for f in native(w)]  # the C++ it built, read by us
+        if reasons:
+            v.reasons += reasons
+            return False
         v.stage = stage("correctness")
         reasons, r = _correctness(p, named_sets, ctx, w, ref, key)
         if not reasons and ctx["policy"].correctness_only:  # a check, not a decision: never accepted
@@ -278,23 +287,65 @@ def _correctness(p: Pass, named_sets: list, ctx: dict, w, ref: Reference, key: s
     ref.calm()  # this worker is idle until the reference is in: the original may be timed alone
     with clock("reference_wait"):
         r = ref.get()
+    try:
+        special = _special(ctx, w, p.seed, r["special"][p.seed], f"{key}.special")
+    except ctx["WorkerFailure"]:
+        raise
+    except Exception as e:  # its outputs file unreadable
+        return [Reason("protocol", f"the candidate worker's special-set outputs are unreadable: {e}"[:300])], r
     with clock(f"{key}.compare"):
         try:
-            return _compare(p, named_sets, got, r["base"][p.seed], r["ref64"][p.seed], ctx["pair"]), r
+            return _compare(p, named_sets, got, r["base"][p.seed], r["ref64"][p.seed], ctx["pair"], special,
+                            ctx), r
         except (KeyError, IndexError, TypeError, AttributeError, ValueError, RuntimeError) as e:
             return [Reason("protocol", f"the candidate worker's outputs are malformed: {e!r}"[:300])], r
 
 
-def _compare(p: Pass, named_sets: list, got: dict, base: dict, ref64, pair) -> list[Reason]:
-    """Every set, then the same-buffer pair; fills p.correctness and returns the reasons to reject."""
+def _special(ctx: dict, w, seed: int, orig, clock_key: str) -> tuple | None:
+    """(named special-value sets, the candidate's raw outputs on them, the original's {"names", "base", "ref64"}),
+    asked of the candidate only once the original is known to run on them; None where the graph has none or the
+    original itself fails on all of them (a warning names those it fails on)."""
+    import torch
+
+    if orig is None:
+        return None
+    if orig.get("error"):
+        warn = Reason("special-sets-skipped", "the original itself fails on special-value input sets (NaN, inf, extreme "
+                                              f"magnitudes in its activations); those were not compared: {orig['error']}")
+        if warn not in ctx["warnings"]:
+            ctx["warnings"].append(warn)
+    named = [(n, inputs) for n, inputs in ctx["specials"].get(seed) or [] if n in orig["names"]]
+    if not named:
+        return None
+    f, o = w.dir / f"sets-special-{seed}.pt", w.dir / f"special-{seed}.pt"
+    with ctx["clock"](clock_key):
+        save_sets(f, named, torch)
+        w.request({"op": "outputs", "role": "candidate", "sets_file": str(f), "out_file": str(o), "pair": []},
+                  ctx["policy"].call_timeout_s)
+        f.unlink(missing_ok=True)
+        return named, load_raw(o, torch), orig
+
+
+def _compare(p: Pass, named_sets: list, got: dict, base: dict, ref64, pair, special, ctx: dict) -> list[Reason]:
+    """Every set, the special-value sets, then the same-buffer pair; fills p.correctness (and the verdict's
+    warnings) and returns the reasons to reject."""
     from tilesmith.gate import correctness
 
     if len(got["sets"]) != len(named_sets):
         return [Reason("protocol", f"the candidate worker returned {len(got['sets'])} sets, not {len(named_sets)}")]
+    results = correctness.compare_sets([name for name, _ in named_sets], got["sets"], base["sets"], ref64)
+    if special is not None:
+        named, cand, orig = special
+        if len(cand["sets"]) != len(named):
+            return [Reason("protocol", f"the candidate worker returned {len(cand['sets'])} special sets, not {len(named)}")]
+        how = correctness.Special(correctness.typical_scales(base["sets"][:2]), ctx["policy"].allow_nonfinite_differences)
+        results += correctness.compare_sets([name for name, _ in named], cand["sets"], orig["base"]["sets"],
+                                            orig["ref64"], how)
     reasons = []
-    for r in correctness.compare_sets([name for name, _ in named_sets], got["sets"], base["sets"], ref64):
+    for r in results:
         p.correctness.append(r.summary)
         reasons += r.reasons
+        ctx["warnings"] += r.warnings
     i, j = pair
     return reasons + correctness.compare_pair((named_sets[i][0], named_sets[j][0]), got["pair"],
                                               base["sets"][i], base["sets"][j])

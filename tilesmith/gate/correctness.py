@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,9 @@ class ValueCheck:
     rms_orig: float | None = None
     rms_allowed: float | None = None
     dtype: str = ""
+    nonfinite: int = 0  # elements whose NaN/+inf/-inf placement differs from the original's
+    bad: int = 0  # finite elements outside tolerance (special-value sets: compared element by element)
+    where: str = ""  # the first such element and the counts, for the reason's sentence
 
 
 def compare_values(cand, orig, ref=None, slack: float = 1.0) -> ValueCheck:
@@ -56,9 +60,9 @@ def compare_values(cand, orig, ref=None, slack: float = 1.0) -> ValueCheck:
     c, o = cand.to(work), orig.to(work)
     fin = None
     if not (bool(torch.isfinite(c).all()) and bool(torch.isfinite(o).all())):  # the usual case skips all this
-        if not (torch.equal(c.isnan(), o.isnan()) and torch.equal(c.isinf() & (c > 0), o.isinf() & (o > 0))
-                and torch.equal(c.isinf() & (c < 0), o.isinf() & (o < 0))):
-            return ValueCheck(False, float("inf"), float("inf"), why="nonfinite")
+        n, where = nonfinite_placement(c, o)
+        if n:
+            return ValueCheck(False, float("inf"), float("inf"), why="nonfinite", nonfinite=n, where=where)
         fin = torch.isfinite(o)
         if not bool(fin.any()):
             return ValueCheck(True)
@@ -79,6 +83,26 @@ def compare_values(cand, orig, ref=None, slack: float = 1.0) -> ValueCheck:
         band = max(PRECISION_BAND, 16 * _EPS.get(orig.dtype, 0.0))
         res.why = "precision" if res.rel_error < band else "values"
     return res
+
+
+def nonfinite_placement(c: torch.Tensor, o: torch.Tensor) -> tuple[int, str]:
+    """(elements where NaN, +inf or -inf in `c` is not where it is in `o`, a phrase saying where and how many)."""
+    kinds = lambda t: (t.isnan(), t == math.inf, t == -math.inf)  # noqa: E731
+    differ = torch.zeros(o.shape, dtype=torch.bool)
+    for a, b in zip(kinds(c), kinds(o)):
+        differ |= a ^ b
+    n = int(differ.sum())
+    if not n:
+        return 0, ""
+    i = int(differ.flatten().nonzero()[0])
+    count = lambda t: "{} NaN, {} +inf, {} -inf".format(*(int(k.sum()) for k in kinds(t)))  # noqa: E731
+    return n, (f"{n} of {o.numel()} elements, first at index {_index(i, o.shape)} (candidate "
+               f"{float(c.flatten()[i]):.3g}, original {float(o.flatten()[i]):.3g}); the original has {count(o)}, "
+               f"the candidate {count(c)}")
+
+
+def _index(flat_i: int, shape) -> tuple:
+    return tuple(int(k) for k in torch.unravel_index(torch.tensor(flat_i), tuple(shape))) if len(shape) else ()
 
 
 def _calibrate(res: ValueCheck, c, o, ref, dtype) -> None:
@@ -109,10 +133,21 @@ def _calibrate(res: ValueCheck, c, o, ref, dtype) -> None:
 class SetResult:
     summary: SetCorrectness
     reasons: list[Reason] = field(default_factory=list)
+    warnings: list[Reason] = field(default_factory=list)
 
 
-def compare_set(name: str, cand: dict, orig: dict, ref: list | None) -> SetResult:
-    """Outputs (count, layout, aliasing, values) and inputs after the call, for one input set."""
+@dataclass
+class Special:
+    """How a special-value set (gate/inputs.py special_sets) is compared: compare_special's scale per output,
+    and whether NaN/inf may be placed unlike the original's (Policy.allow_nonfinite_differences)."""
+
+    scales: list[float]
+    allow_nonfinite: bool = False
+
+
+def compare_set(name: str, cand: dict, orig: dict, ref: list | None, special: Special | None = None) -> SetResult:
+    """Outputs (count, layout, aliasing, values) and inputs after the call, for one input set; a special-value
+    set's outputs by compare_special."""
     reasons: list[Reason] = []
     co, oo = cand["outputs"], orig["outputs"]
     summary = SetCorrectness(name=name, ok=True)
@@ -125,8 +160,16 @@ def compare_set(name: str, cand: dict, orig: dict, ref: list | None) -> SetResul
             reasons.append(r)
     if reasons:
         return _done(summary, reasons)
+    allowed: list[tuple[int, str]] = []  # (output, where) NaN/inf differ, with Special.allow_nonfinite
     for i, (c, o) in enumerate(zip(co, oo)):
-        v = compare_values(c, o, ref[i] if ref is not None and i < len(ref) else None)
+        r = ref[i] if ref is not None and i < len(ref) else None
+        if special is None:
+            v = compare_values(c, o, r)
+        else:
+            v = compare_special(c, o, r, special.scales[i] if i < len(special.scales) else 0.0, special.allow_nonfinite)
+        summary.nonfinite_mismatches += v.nonfinite
+        if v.ok and v.nonfinite:
+            allowed.append((i, v.where))
         summary.max_abs_error = max(summary.max_abs_error, v.abs_error)
         summary.max_rel_error = max(summary.max_rel_error, v.rel_error)
         if v.ref_cand is not None:
@@ -139,7 +182,13 @@ def compare_set(name: str, cand: dict, orig: dict, ref: list | None) -> SetResul
         if not v.ok:
             reasons.append(Reason("input-mutated", f"set {name}: input {i} after the call differs from the "
                                                    f"original's (max abs difference {v.abs_error:.3g})"))
-    return _done(summary, reasons)
+    res = _done(summary, reasons)
+    if allowed:  # one warning a set: a training graph has dozens of outputs
+        i, where = allowed[0]
+        more = f" (and {len(allowed) - 1} more outputs)" if len(allowed) > 1 else ""
+        res.warnings = [Reason("nonfinite-differences-allowed", f"set {name}: output {i}{more} places NaN/inf unlike "
+                                                                f"the original at {where}")]
+    return res
 
 
 # The temporaries of comparing sets side by side stay under this (counted as six float64 values per output
@@ -147,18 +196,89 @@ def compare_set(name: str, cand: dict, orig: dict, ref: list | None) -> SetResul
 COMPARE_BYTES = 4 << 30
 
 
-def compare_sets(names: list[str], cands: list, origs: list, refs) -> list[SetResult]:
+def compare_sets(names: list[str], cands: list, origs: list, refs, special: Special | None = None) -> list[SetResult]:
     """compare_set for every set, in the sets' order, side by side on the deciding process's threads (pure
     tensor comparisons; a training graph's gradients took ~9 s a pass one after another on the H200):
     as many at once as their temporaries fit in COMPARE_BYTES."""
     from tilesmith.gate.inputs import thread_pool
 
     side = max(1, min(len(names), COMPARE_BYTES // max(1, 48 * _numel(cands[0]))))
-    one = lambda k: compare_set(names[k], cands[k], origs[k], refs[k] if refs else None)  # noqa: E731
+    one = lambda k: compare_set(names[k], cands[k], origs[k], refs[k] if refs else None, special)  # noqa: E731
     results: list[SetResult] = []
     for start in range(0, len(names), side):
         results += thread_pool().map(one, range(start, min(start + side, len(names))))
     return results
+
+
+# -- the special-value sets -------------------------------------------------------------------------------------
+
+
+def typical_scales(orig_sets: list) -> list[float]:
+    """Per output, the largest finite magnitude of the original's outputs on the given ordinary sets (the
+    captured set and the first random one): the scale of compare_special's absolute tolerance. A special
+    set's own largest output (1e30 where an input was 1e30) would excuse any error in the rest of it."""
+    scales: list[float] = []
+    for outs in (s["outputs"] for s in orig_sets):
+        for i, o in enumerate(outs):
+            m = 0.0
+            if isinstance(o, torch.Tensor) and o.dtype.is_floating_point and o.numel():
+                m = float(o.abs().max())
+                if not math.isfinite(m):
+                    fin = o[torch.isfinite(o)]
+                    m = float(fin.abs().max()) if fin.numel() else 0.0
+            scales += [0.0] * (i + 1 - len(scales))
+            scales[i] = max(scales[i], m)
+    return scales
+
+
+def compare_special(cand, orig, ref=None, scale: float = 0.0, allow_nonfinite: bool = False) -> ValueCheck:
+    """One output on a special-value set. NaN, +inf and -inf exactly where the original has them (the
+    original's overflows and NaN from extreme inputs included: that is its behaviour), unless
+    `allow_nonfinite`. The elements finite in both, one by one: within rtol * |original| + atol * s (the
+    dtype's tolerances), s the larger of `scale` (the output's magnitude on ordinary inputs) and the largest
+    finite magnitude in the element's row (its last dimension: what a matmul, LayerNorm or softmax computes
+    from one input row), so that a 1e30 excuses rounding in its own row and no error elsewhere; or, with the
+    float64 reference, no further from it than REF64_FACTOR times the original plus one rounding."""
+    if not (isinstance(cand, torch.Tensor) and isinstance(orig, torch.Tensor)) or cand.shape != orig.shape \
+            or cand.dtype != orig.dtype or not orig.dtype.is_floating_point or not orig.numel():
+        return compare_values(cand, orig)
+    work = torch.float32 if orig.dtype in (torch.float16, torch.bfloat16) else torch.float64
+    c, o = cand.to(work), orig.to(work)
+    res = ValueCheck(True, dtype=str(orig.dtype).removeprefix("torch."))
+    res.nonfinite, res.where = nonfinite_placement(c, o)
+    if res.nonfinite and not allow_nonfinite:
+        res.ok, res.why, res.abs_error, res.rel_error = False, "nonfinite", math.inf, math.inf
+        return res
+    fin = torch.isfinite(c) & torch.isfinite(o)
+    if not bool(fin.any()):
+        return res
+    mag = torch.where(fin, o.abs(), torch.zeros((), dtype=work))
+    rows = mag.amax(dim=-1, keepdim=True).expand_as(mag) if mag.dim() else mag
+    s = rows[fin].clamp_min(max(scale, 1e-30))  # per finite element
+    c, o = c[fin], o[fin]
+    rtol, atol = _TOL.get(orig.dtype, (1e-3, 1e-3))
+    diff = torch.sub(c, o).abs_()
+    allowed = o.abs().mul_(rtol).add_(s * atol)
+    bad = diff > allowed
+    if bool(bad.any()) and isinstance(ref, torch.Tensor) and ref.shape == orig.shape:
+        r = ref.to(torch.float64)[fin][bad]
+        cb, ob = c[bad].to(torch.float64), o[bad].to(torch.float64)
+        near = (cb - r).abs() <= REF64_FACTOR * (ob - r).abs() + _EPS.get(orig.dtype, 1e-3) * r.abs()
+        bad[bad.clone()] = ~near
+    res.abs_error = float(diff.max())
+    res.rel_error = float((diff / s).max())
+    res.bad = int(bad.sum())
+    if res.bad:
+        j = int(torch.where(bad, diff / allowed, torch.zeros_like(diff)).argmax())
+        i = int(fin.flatten().nonzero()[j])
+        band = max(PRECISION_BAND, 16 * _EPS.get(orig.dtype, 0.0))  # as compare_values: close, yet outside
+        res.why = "precision" if float(diff[j] / s[j]) < band else "values"
+        res.ok, res.test, res.allowed = False, "special", float(allowed[j])
+        res.where = (f"{res.bad} of {orig.numel()} elements, worst at index {_index(i, orig.shape)} (candidate "
+                     f"{float(c[j]):.6g}, original {float(o[j]):.6g}, allowed difference {float(allowed[j]):.3g} = "
+                     f"{rtol:g} x |original| + {atol:g} x {float(s[j]):.3g}, the larger of its row's largest "
+                     f"magnitude and the output's on ordinary inputs)")
+    return res
 
 
 def _numel(obj) -> int:
@@ -195,7 +315,10 @@ def _layout_reason(name: str, i: int, cl: dict, ol: dict) -> Reason | None:
 def _value_reason(name: str, what: str, v: ValueCheck) -> Reason:
     """One sentence: which input set, which output, which test, the error against what it was allowed."""
     if v.why == "nonfinite":
-        return Reason("wrong-values", f"set {name}: {what} has NaN/Inf where the original does not (or vice versa)")
+        return Reason("nonfinite-mismatch", f"set {name}: {what} places NaN/inf unlike the original at {v.where}")
+    if v.test == "special":
+        return Reason("precision" if v.why == "precision" else "wrong-values",
+                      f"set {name}: {what} differs from the original at {v.where}")
     code = "precision" if v.why == "precision" else "wrong-values"
     if v.test == "ref64-rms":
         return Reason(code, f"set {name}: {what} ({v.dtype}) has RMS error {v.rms_cand:.3g} against the float64 "

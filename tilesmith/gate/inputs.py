@@ -214,3 +214,96 @@ def _draw(kind: str, shape, g, dtype=torch.float64) -> torch.Tensor:
         u = torch.rand(shape, generator=g, dtype=dtype).clamp_min(torch.finfo(dtype).tiny)
         return (n / torch.sqrt(-u.log())).clamp(-100.0, 100.0)  # chi2(2) / 2 = -log(u)
     return n
+
+
+# -- special values: inputs beyond the recorded range (issue 35) ------------------------------------------------
+
+SPECIAL_KINDS = ("nonfinite", "extremes")
+SPECIAL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Shares of an activation's elements that get special values. Low enough that most rows of a row-wise
+# reduction (LayerNorm, softmax, a matmul's output row) stay free of NaN and outputs keep finite parts to
+# compare; high enough that a 64x128 activation gets ~32 non-finite and ~256 extreme elements.
+NONFINITE_SHARE = 1 / 256  # NaN, +inf, -inf in equal parts (at least one of each)
+EXTREME_SHARE = 1 / 32  # half log-uniform magnitudes up to 2**59 (_EXTREME_LOG2), a quarter subnormals, -0.0
+
+
+def special_targets(meta: dict, captured: list) -> list[int]:
+    """The inputs the special-value sets change: float activations. Not parameters or buffers (a NaN weight
+    poisons every output and a program never runs with one: that would test nothing the activations do
+    not), not integer or bool inputs (indices must stay in bounds), not one-element tensors or inputs whose
+    recorded range is a single value (a scale, an eps, an all-zero mask: configuration, not data; NaN there
+    turns every output into NaN)."""
+    infos = _infos(meta, captured)
+    weights = parameter_indices(meta)
+    out = []
+    for j, x in enumerate(captured):
+        if not isinstance(x, torch.Tensor) or x.dtype not in SPECIAL_DTYPES or j in weights or x.numel() < 2:
+            continue
+        r = (infos[j] if j < len(infos) else {}).get("range") or {}
+        if "min" in r and "max" in r and r["min"] == r["max"]:
+            continue
+        out.append(j)
+    return out
+
+
+def special_sets(meta: dict, captured: list, seed: int) -> list[tuple[str, list]]:
+    """[(name, inputs)] for SPECIAL_KINDS, or [] where no input is a float activation. Each set: the
+    parameters exactly as captured (what a program runs), integer and bool inputs drawn in their recorded
+    [min, max] and floats drawn as in the 'normal' random set, then in the special_targets inputs a share
+    of the elements replaced: "nonfinite" NaN, +inf, -inf; "extremes" finite values beyond any recorded
+    range (magnitudes log-uniform over the dtype's exponents up to 2**59, subnormals, -0.0). Two sets, so that NaN
+    does not hide what the extreme magnitudes do. CPU tensors."""
+    targets = special_targets(meta, captured)
+    if not targets:
+        return []
+    infos = _infos(meta, captured)
+    keep = {j: _cpu_copy(captured[j]) for j in parameter_indices(meta)}  # one copy, shared: workers copy each set
+    sets = []
+    for kind in SPECIAL_KINDS:
+        s = derive_seed(seed, "special", kind)
+        inputs = _filled(captured, infos, "normal", s, keep)
+        for j in targets:
+            _inject(inputs[j], kind, torch.Generator().manual_seed(derive_seed(s, "inject", j)))
+        sets.append((kind, inputs))
+    return sets
+
+
+def _inject(x: torch.Tensor, kind: str, g: torch.Generator) -> None:
+    """Replace a share of x's storage span (offset 0, as _fill makes it) with special values, in place."""
+    n = span_numel(x)
+    flat = x.as_strided((n,), (1,), 0)
+    share = NONFINITE_SHARE if kind == "nonfinite" else EXTREME_SHARE
+    k = min(n, max(4, round(n * share)))
+    pos = torch.randint(0, n, (k,), generator=g)  # repeats are rare and harmless (the last value stays)
+    vals = _nonfinite(k) if kind == "nonfinite" else _extremes(k, x.dtype, g)
+    flat[pos] = vals.to(x.dtype)
+
+
+def _nonfinite(k: int) -> torch.Tensor:
+    return torch.tensor([math.nan, math.inf, -math.inf], dtype=torch.float64).repeat(k // 3 + 1)[:k]
+
+
+# Log2 of the largest extreme magnitude, by dtype: the square root of what the arithmetic holds (float32 for the
+# half types and float32, as Inductor computes and accumulates them), less 2**5. Above it, a product of two
+# extremes (two activations: attention, a backward's weight gradient) lands near overflow, and whether a dot
+# product overflows depends on the order of its sum: an fp32-accumulated bf16 matmul summed in another order
+# placed inf and NaN unlike the original's on every one of 10 seeds with the full range (3.4e38). Up to 2**59
+# (5.8e17) products stay 2**10 below it. Infinities themselves are the other set's.
+_EXTREME_LOG2 = {torch.float16: math.log2(65504.0), torch.bfloat16: 59.0, torch.float32: 59.0, torch.float64: 507.0}
+
+
+def _extremes(k: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """k values in float64: 2 in 4 of magnitude 2**e, e uniform from the dtype's smallest normal exponent to
+    _EXTREME_LOG2 (float16: its largest finite value); 1 in 4 subnormal (2**e between its smallest subnormal
+    and smallest normal); 1 in 4 -0.0 (each at least once); signs random. Clamped to the dtype's largest
+    finite value, so that casting cannot round up to inf."""
+    f = torch.finfo(dtype)
+    lo_normal, hi = math.log2(f.tiny), min(math.log2(f.max), _EXTREME_LOG2.get(dtype, math.log2(f.max)))
+    lo_sub = math.log2(f.tiny * f.eps)  # the smallest subnormal: 2**-149 for float32, 2**-24 for float16
+    u = torch.rand(k, generator=g, dtype=torch.float64)
+    which = torch.randint(0, 4, (k,), generator=g)
+    which[:4] = torch.arange(min(k, 4))  # every kind at least once, even in a 64-element tensor
+    e = torch.where(which == 2, lo_sub + (lo_normal - lo_sub) * u, lo_normal + (hi - lo_normal) * u)
+    sign = torch.randint(0, 2, (k,), generator=g).to(torch.float64).mul_(2).sub_(1)
+    v = (torch.exp2(e) * sign).clamp_(-f.max, f.max)
+    return torch.where(which == 3, torch.tensor(-0.0, dtype=torch.float64), v)

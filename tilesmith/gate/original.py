@@ -64,12 +64,14 @@ class Reference:
     float64 reference for every seed's sets, its solo per-call time
     (from this process's cache where it has them), and then, kept open, the baseline's timed samples."""
 
-    def __init__(self, gdir: Path, sets: dict, contents: dict, pair, ctx: dict, quiet_first: list):
+    def __init__(self, gdir: Path, sets: dict, contents: dict, pair, ctx: dict, quiet_first: list,
+                 specials: dict | None = None):
         policy, device = ctx["policy"], ctx["device"]
         gid = _graph_id(gdir)
         self._keys = {s: (gid, s, policy.random_sets, policy.rotating_sets, tuple(pair), device) for s in sets}
         self._solo_key = (gid, device, policy.rotating_sets)
         self.quiet = threading.Event()
+        self._closing = threading.Event()  # close() is stopping the thread: a failed request is not the original's
         self.error = None
         self.base_role = "best" if ctx.get("timing_base") else "baseline"
         # The worker that times the baseline apart: one of its own that loads the baseline and nothing
@@ -88,6 +90,9 @@ class Reference:
         self.worker = self._worker("reference", ctx, gdir)
         self.timer = None if policy.correctness_only else self._worker("timer", ctx, gdir)
         missing = {s: named for s, named in sets.items() if self._keys[s] not in _REF_CACHE}
+        # Each seed's special-value sets (gate/inputs.py special_sets), run apart from the others: the original
+        # may fail on NaN in its inputs (an index computed from a float), and that must not fail the decision.
+        self._specials = {s: (specials or {}).get(s) or [] for s in missing}
         args = (gdir, missing, contents[next(iter(contents))], pair, ctx, quiet_first)
         self._thread = threading.Thread(target=self._run, args=args, daemon=True)
         self._thread.start()
@@ -104,6 +109,22 @@ class Reference:
             return w
         return Worker(role, spares.home, ctx["device"], (gdir,))  # its folder outlives this decision's
 
+    def _restart(self, ctx: dict, gdir: Path):
+        """A fresh reference worker, loaded, in place of the one closed when the original failed on the
+        special-value sets (a failed request ends its worker)."""
+        from tilesmith.gate.proc import Worker, start_worker
+
+        self.worker.close()
+        if self._closing.is_set():  # killed by close(), not failed on its own: nothing to go on with
+            raise RuntimeError("the decision ended while the reference ran the special-value sets")
+        self.reused.discard("reference")
+        spares = ctx.get("spares")
+        self.worker = (start_worker("reference", ctx["scratch"], ctx["device"], (gdir,)) if spares is None
+                       else Worker("reference", spares.home, ctx["device"], (gdir,)))
+        self.worker.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": ctx["device"]},
+                            ctx["policy"].load_timeout_s)
+        return self.worker
+
     @property
     def done(self) -> bool:
         return not self._thread.is_alive() and self.error is None
@@ -113,7 +134,8 @@ class Reference:
         try:
             per_seed, solo = _reference(self.worker, gdir, missing, first_contents, pair, ctx, self.quiet,
                                         quiet_first, None if self._solo_key not in _SOLO_CACHE else 0.0,
-                                        loaded="reference" in self.reused)
+                                        loaded="reference" in self.reused, specials=self._specials,
+                                        restart=lambda: self._restart(ctx, gdir))
             for s, r in per_seed.items():
                 while len(_REF_CACHE) >= _REF_CACHE_SEEDS:
                     _REF_CACHE.pop(next(iter(_REF_CACHE)))
@@ -140,7 +162,9 @@ class Reference:
         self.quiet.set()
 
     def get(self) -> dict:
-        """{"base"|"ref64": {seed: ...}, "per_call_ns": float}, waiting if need be."""
+        """{"base"|"ref64"|"special": {seed: ...}, "per_call_ns": float}, waiting if need be. A seed's "special":
+        None (no special-value sets), or {"names", "base", "ref64", "error"}: the sets the original runs on, its
+        outputs and float64 reference on them, and how it failed on the others."""
         from tilesmith.gate.proc import WorkerFailure
 
         self.calm()
@@ -151,21 +175,25 @@ class Reference:
                                  code="baseline-failed", hint="check `tilesmith replay GRAPH_DIR` first") from None
         if self.error is not None:
             raise self.error
-        out = {"base": {}, "ref64": {}, "per_call_ns": _SOLO_CACHE[self._solo_key]}
+        out = {"base": {}, "ref64": {}, "special": {}, "per_call_ns": _SOLO_CACHE[self._solo_key]}
         for s, k in self._keys.items():
-            for part in ("base", "ref64"):
-                out[part][s] = _REF_CACHE[k][part]
+            for part in ("base", "ref64", "special"):
+                out[part][s] = _REF_CACHE[k].get(part)
         return out
 
     def close(self, spares=None) -> None:
         """Stop the reference worker (still running when the candidate failed before it was needed); with
         `spares`, keep the reference and timer workers for the next decision when they are idle and well."""
         self.quiet.set()
+        self._closing.set()
         workers = {r: w for r, w in (("reference", self.worker), ("timer", self.timer)) if w is not None}
         if self._thread.is_alive():
             for w in workers.values():
                 w.kill()
             self._thread.join()
+        if self.worker is not workers.get("reference"):  # replaced by _restart before the kill reached it
+            workers["reference"].close()
+            workers["reference"] = self.worker
         for role, w in workers.items():
             # The thread has ended: without an error, both workers did all they were asked and are idle.
             if spares is not None and self.error is None and role in self._kept_keys:
@@ -175,9 +203,10 @@ class Reference:
 
 
 def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, quiet, quiet_first: list,
-               solo_known, loaded: bool = False) -> tuple[dict, float | None]:
+               solo_known, loaded: bool = False, specials: dict | None = None, restart=None) -> tuple[dict, float | None]:
     """The original alone, in worker `w`: outputs and the float64 reference on every set of the seeds in
-    `missing`; then (once `quiet` is set and the workers in
+    `missing`, and on their `specials` (where the original fails on those, `restart()` gives the worker to go
+    on with); then (once `quiet` is set and the workers in
     quiet_first are idle) a solo per-call time that sizes timed samples, unless `solo_known`."""
     import torch
 
@@ -200,8 +229,11 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
             r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
                           policy.call_timeout_s)
         ref64 = load_raw(o, torch)["outputs"] if r.get("available") else None
-        out[seed] = {"base": base, "ref64": ref64}
+        out[seed] = {"base": base, "ref64": ref64, "special": None}
         f.unlink()
+    todo = {seed: named for seed, named in (specials or {}).items() if named}
+    if todo:
+        w = _special_outputs(w, gdir, todo, ctx, out, restart)
     if solo_known is not None:
         return out, None
     f = w.dir / "rotating-ref.pt"
@@ -215,6 +247,49 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
         p.idle()
     calm_spares()
     return out, solo_ns(w, "baseline", policy.call_timeout_s)
+
+
+def _special_outputs(w, gdir, specials: dict, ctx: dict, out: dict, restart):
+    """Into out[seed]["special"], {"names", "base", "ref64", "error"}: the original's outputs and float64 reference on
+    those of the seed's special-value sets it runs on, each set in a request of its own. A set the original fails on
+    (NaN reaching an index: its own behaviour, not a candidate's fault) is left out, for every seed, and "error"
+    says how it failed; `restart()` gives the worker to go on with. Returns the worker."""
+    import torch
+
+    from tilesmith.gate.proc import WorkerFailure
+
+    policy, clock = ctx["policy"], ctx["clock"]
+    text = (Path(gdir) / WRAPPER_FILE).read_text()
+    failed: dict = {}  # set name -> how the original failed on it
+    for seed, named in specials.items():
+        kept, bases = [], []
+        f, o = w.dir / f"sets-special-{seed}.pt", w.dir / f"special-{seed}.pt"
+        for name, inputs in named:
+            if name in failed:
+                continue
+            save_sets(f, [(name, inputs)], torch)
+            try:
+                with clock("reference.special"):
+                    w.request({"op": "outputs", "role": "baseline", "sets_file": str(f), "out_file": str(o),
+                               "pair": []}, policy.call_timeout_s)
+            except WorkerFailure as e:
+                failed[name] = f"set {name}: {e.code}: {e.message}"[:300]
+                w = restart()
+                f, o = w.dir / f.name, w.dir / o.name
+                continue
+            kept.append((name, inputs))
+            bases.append(load_raw(o, torch)["sets"][0])
+        ref64 = None
+        if kept:
+            save_sets(f, kept, torch)
+            with clock("reference.special"):
+                r = w.request({"op": "ref64", "sets_file": str(f), "out_file": str(o), "wrapper_text": text},
+                              policy.call_timeout_s)
+            ref64 = load_raw(o, torch)["outputs"] if r.get("available") else None
+        f.unlink(missing_ok=True)
+        out[seed]["special"] = {"names": [n for n, _ in kept], "base": {"sets": bases}, "ref64": ref64,
+                                "error": "; ".join(failed.values())}
+    return w
 
 
 def rotating(named_sets: list, policy: Policy) -> list:

@@ -1,6 +1,12 @@
-"""Stage 1, the static screen: parse the candidate and flag constructs only a cheat needs.
+"""Stage 1, the static screen: parse the candidate and flag constructs only a cheat needs; then the allowlist.
 
-Stdlib only (ast). Inductor's own wrappers must pass: they import os, tempfile, random and a few ctypes
+Two checks, both stdlib only (ast). `screen` is a list of the constructs only a cheat needs (state kept across
+calls, streams, timers, frames): tricks it knows. `allowlist` (gate/allowlist.py) accepts only what a kernel wrapper
+needs, whatever it spells, and `native` checks the shared libraries a candidate's C++ kernels were built into, after
+the worker loaded them (gate/allowlist_native.py). The three are one stage: a test that switches `screen` off (to
+test the dynamic defences alone, tests/test_gate_redteam.py) switches the allowlist off with it.
+
+The screen (stdlib only, ast). Inductor's own wrappers must pass: they import os, tempfile, random and a few ctypes
 types at top level and never use them in call(); they allocate inside call() only; the Runner keeps
 its kernels on `self`. Kernel source strings handed to `async_compile.cpp_pybinding` are C++ that runs
 in-process, so they are screened for threads, environment, files and processes too.
@@ -268,3 +274,36 @@ def _check_module_level(tree: ast.Module) -> list[Finding]:
                 out.append(Finding("static-module-state", f"allocates a tensor at import ({name}): it outlives calls",
                                    node.lineno))
     return out
+
+
+# -- the allowlist (gate/allowlist.py, gate/allowlist_native.py) ---------------------------------------------------
+
+def allowlist(text: str) -> list[Finding]:
+    """Everything in `text` outside the allowlist: Python by its syntax tree, Triton kernels' sources too."""
+    if not _on():
+        return []
+    from tilesmith.gate import allowlist as al
+
+    return [Finding(f.code, f.message, f.line) for f in al.check(text)]
+
+
+def native(worker) -> list[Finding]:
+    """The shared libraries a loaded gate worker (gate.proc.Worker) mapped from the folders builds land in (Inductor's
+    caches, the worker's own folder), read by this process from /proc, checked against the native allowlist. Triton's
+    cache is left out: its launchers are built by Triton from its own template, never from candidate text."""
+    if not _on():
+        return []
+    from tilesmith.launch import sandbox
+    from tilesmith.gate import allowlist_native
+
+    caches = sandbox.shared_caches()
+    under = (caches["TORCHINDUCTOR_CACHE_DIR"], caches["TILESMITH_INDUCTOR_DEFAULT_DIR"], str(worker.dir))
+    found = allowlist_native.check_process(worker.proc.pid, under, (caches["TRITON_CACHE_DIR"],))
+    return [Finding(f.code, f.message, 0) for f in found]
+
+
+def _on() -> bool:
+    return screen is _SCREEN  # a test replaced the screen: the whole static stage is off
+
+
+_SCREEN = screen

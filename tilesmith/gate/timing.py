@@ -145,29 +145,22 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     short: dict = {"apart": [], "candidate": [], "beside": []}  # worker's number shorter than its marked window (ns)
     pre: dict = {"apart": [], "candidate": [], "beside": []}  # from the request's write to its window's start (ns)
     k = 0
-    start = time.monotonic()
-    batch = policy.min_rounds
     timeout_s = max(60.0, 20 * reps * (per_call_ns + gap_ns) / 1e9)
     sides = [(timer, base_role, b_all), (cand, "candidate", c_all)] + ([(cand, "baseline", i_all)] if beside else [])
     watching = timer is not cand and hasattr(cand, "cpu_ns")  # as _round decides where the idle watch runs
-    while True:
-        for r in range(batch):
-            # The budget is also checked between rounds: on a loaded machine a batch sized at the rate
-            # measured so far can take several times longer (a 10 s budget ran 28.9 s).
-            last = r == batch - 1 or time.monotonic() - start > policy.time_budget_s
-            bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, last=last, gap_ns=gap_ns,
-                         short=short, pre=pre)
-            if bad:
-                return None, [bad], kept
-            k += reps
-            if last:
-                break
-        state, apart, near = _look(policy, b_all, c_all, i_all if beside else None)
-        spent = time.monotonic() - start
-        watched = not watching or idle["wall"] >= IDLE_WALL_MIN_NS
-        if (state != "undecided" and watched) or spent > policy.time_budget_s or len(b_all) >= policy.max_rounds:
+    for attempt in range(2):  # a second time where the original's own samples were implausible (_implausible)
+        for x in (b_all, c_all, i_all, *short.values(), *pre.values()):
+            x.clear()
+        idle.update(cpu=0, wall=0)
+        state, apart, near, k = _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, kept, pending,
+                                               idle, gap_ns, short, pre, beside, watching)
+        if state == "forged":
+            return None, [apart], kept
+        # The candidate's own processes busy while the original ran is its doing, not the machine's: never measured
+        # again (a hog spinning in a forked process slows the original apart too).
+        why = "" if _busy(idle) else windows.implausible(b_all, i_all, reps, per_call_ns + gap_ns)
+        if not why:
             break
-        batch = _next_batch(policy, state, spent, len(b_all), idle)
     est = min(apart, near or apart, key=lambda e: e.low)  # the binding comparison is the one reported
     t = _summary(mode, reps, buffers, est, apart, near, b_all, c_all, i_all, idle)
     if short["candidate"] and short["apart"]:
@@ -176,8 +169,39 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     if pre["candidate"] and pre["apart"]:
         t.before_window_us = statistics.median(pre["candidate"]) / 1e3
         t.before_window_original_us = statistics.median(pre["apart"]) / 1e3
+    if why:
+        return t, [Reason("unstable-timing", f"{why}, twice: the machine was too busy to time this decision (measured "
+                                             "again after the first time; the candidate is not at fault)")], kept
     bad = _busy(idle)
     return t, [bad] if bad else _reasons(policy, state, est, apart, near, b_all), kept
+
+
+def _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, gap_ns, short, pre,
+                   beside, watching) -> tuple:
+    """Rounds until the bounds decide or the budget is spent: (state, apart, near, k); ("forged", reason, None, k)
+    where a sample was."""
+    b_all, c_all = sides[0][2], sides[1][2]
+    i_all = sides[2][2] if beside else None
+    start = time.monotonic()
+    batch = policy.min_rounds
+    while True:
+        for r in range(batch):
+            # The budget is also checked between rounds: on a loaded machine a batch sized at the rate
+            # measured so far can take several times longer (a 10 s budget ran 28.9 s).
+            last = r == batch - 1 or time.monotonic() - start > policy.time_budget_s
+            bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, last=last, gap_ns=gap_ns,
+                         short=short, pre=pre)
+            if bad:
+                return "forged", bad, None, k
+            k += reps
+            if last:
+                break
+        state, apart, near = _look(policy, b_all, c_all, i_all)
+        spent = time.monotonic() - start
+        watched = not watching or idle["wall"] >= IDLE_WALL_MIN_NS
+        if (state != "undecided" and watched) or spent > policy.time_budget_s or len(b_all) >= policy.max_rounds:
+            return state, apart, near, k
+        batch = _next_batch(policy, state, spent, len(b_all), idle)
 
 
 def _next_batch(policy, state: str, spent: float, rounds: int, idle: dict) -> int:

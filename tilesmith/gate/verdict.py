@@ -53,6 +53,11 @@ class Policy:
     # Spend the program's own host time between a graph's calls (graph.json program_gap, measured at capture)
     # before each timed call, for every role alike, where capture found it usable (capture/gaps.py).
     program_gap: bool = True
+    # The special-value sets (gate/inputs.py special_sets: NaN, +-inf, extreme magnitudes, subnormals, -0.0 in the
+    # activations) require NaN, +inf and -inf where the original has them ("nonfinite-mismatch"). True lets them
+    # differ there (their finite values are still compared), e.g. a kernel that is meant to handle non-finite
+    # inputs its own way; the verdict records it and a warning says where they differed.
+    allow_nonfinite_differences: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,6 +82,7 @@ class SetCorrectness:
     max_rel_error: float = 0.0
     ref64_candidate_abs_error: float | None = None  # vs the float64 run of the FX program
     ref64_original_abs_error: float | None = None
+    nonfinite_mismatches: int = 0  # elements where NaN/+inf/-inf differ from the original's (special-value sets)
 
 
 @dataclass
@@ -150,6 +156,9 @@ class Verdict:
     # The isolation candidate code ran under: "namespaces" (an OS sandbox: own user, PID, mount and network
     # namespaces, read-only file system) or "env-only" (a scrubbed environment only); see tilesmith.sandbox.
     sandbox: str = ""
+    # Judged with Policy.allow_nonfinite_differences: NaN/inf placed unlike the original's on the special-value
+    # sets was not a rejection (a "nonfinite-differences-allowed" warning says where it happened).
+    allow_nonfinite_differences: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)

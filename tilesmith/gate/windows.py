@@ -1,6 +1,7 @@
 """The deciding process's own clock for a worker's timed samples, which nothing inside the worker's process can
 move: the time the parent wrote each sample's request, and the kernel's timestamps of the marks the worker sends as
 the sample's window opens and closes (proc._mark_socket). The number the worker reports is never used to decide.
+And its word on whether the original's samples could be measured at all (`implausible`).
 
 A sample's time is its marked window. The span from its request to that window holds the same work for every role
 (reading the request, refilling the same buffers with the same values, synchronising the device), and nothing of the
@@ -15,6 +16,7 @@ compared, and biased every decision against the candidate when charged to it. It
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from tilesmith.gate.verdict import Reason
@@ -52,3 +54,22 @@ def measured(worker, reply: dict, wall_ns: int, least_ns: int) -> tuple[Sample |
     return s, None
 
 
+# The original's own samples say whether the machine let them be measured: one sample per call this many times its
+# time alone (and a millisecond more), and the pass is measured again; twice, and the decision is `unstable-timing`.
+# Seen on the 2-core machine with another job beside: the original's samples 28-48 ms thirteen times, then 0.02 ms
+# (its kernels sum to 0.014 ms), and a 0.8x candidate accepted at 1.43x on them. A finer test (thirds of the pass
+# whose medians differ 3x) fired on honest originals in the CPU suite, whose other test process comes and goes.
+IMPLAUSIBLE_FACTOR = 5.0
+
+
+def implausible(b_all: list, i_all: list, reps: int, per_call_ns: float) -> str:
+    """Why the original's samples (apart, and beside) cannot be trusted, or "". per_call_ns: its time per call alone,
+    with the program's host time before each call (gap_ns) included."""
+    for name, xs in (("in its own worker", b_all), ("beside the candidate", i_all)):
+        if len(xs) < 3:
+            continue
+        per_call = statistics.median(xs) / reps
+        if per_call > IMPLAUSIBLE_FACTOR * per_call_ns and per_call > per_call_ns + 1e6:
+            return (f"the original {name} ran {per_call / 1e6:.3f} ms per call, {per_call / per_call_ns:.0f}x its "
+                    f"{per_call_ns / 1e6:.3f} ms alone")
+    return ""

@@ -109,6 +109,8 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
                      f"candidate worker's own numbers fell {_f(w.get('window_short_us')) or 0.0:.0f} us short of them "
                      f"(median), the original's {_f(w.get('window_short_original_us')) or 0.0:.0f} us; its windows "
                      f"opened {late:.0f} us later after their requests than the original's (median), charged to it")
+    if note := _nonfinite_note([v for _, v, _ in verdicts if v.get("accepted")]):
+        notes.append(note)
     if mode == rs.CUDAGRAPHS and bmode == "launch":
         notes.append("compiled with CUDA graphs, but no verdict timed Inductor's replay of the original: "
                      "the baseline (and best) here are plain launches")
@@ -135,6 +137,19 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
         rejected_by_stage=rejected, variants_screened=_count_lines(tdir / "profiles" / "tuner_variants.jsonl"),
         model_calls=_model_calls(tdir / "profiles", t, notes), cached=cached, kernel_ms=kernel_ms,
         launch_overhead_ms=overhead_ms, top_kernels=kernels, other_kernels_ms=other_ms, notes=notes), cands
+
+
+def _nonfinite_note(accepted: list[dict]) -> str:
+    """What the accepted verdicts owe to --allow-nonfinite-differences (Policy.allow_nonfinite_differences), if
+    anything: a win that places NaN/inf unlike the original on the gate's special-value inputs."""
+    used = [w for v in accepted if v.get("allow_nonfinite_differences") for w in v.get("warnings") or []
+            if isinstance(w, dict) and w.get("code") == "nonfinite-differences-allowed"]
+    if used:
+        return (f"accepted with --allow-nonfinite-differences: the win places NaN/inf unlike the original on inputs "
+                f"holding NaN, inf or extreme values ({len(used)} output(s); e.g. {str(used[0].get('message'))[:200]})")
+    if any(v.get("allow_nonfinite_differences") for v in accepted):
+        return "judged with --allow-nonfinite-differences; the accepted candidates place NaN/inf as the original does"
+    return ""
 
 
 def _verdicts(pdir: Path, notes: list[str]) -> list[tuple[int, dict, Path]]:

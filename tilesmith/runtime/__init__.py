@@ -193,7 +193,7 @@ def _substitute(g, pc: hook.PostCompile, key: str, mpath, env: dict) -> None:
     from tilesmith.runtime import verify
 
     g.current_callable = verify.wrap(call, inductors, key, g, pc.graph_kwargs.get("static_input_idxs"),
-                                     after is not None, _fallback)
+                                     after is not None, _revoked)
     with _lock:
         _stats.substituted += 1
         _stats.substituted_keys.append(key)
@@ -235,6 +235,18 @@ def _fallback(key: str, reason: str) -> None:
                                  hint="unset TILESMITH_RUNTIME_STRICT to fall back to Inductor's code")
     if first:
         log.warning("tilesmith: %s: %s; using Inductor's code", key[:12], reason)
+
+
+def _revoked(key: str, reason: str) -> None:
+    """A TILESMITH_VERIFY check found the artifact wrong in this program: it is removed from the store (no later run
+    loads it; `tilesmith installed` says why) and said so once on stderr, as any fallback, before strict mode raises."""
+    try:
+        from tilesmith import store
+
+        gone = store.revoke(key, reason)
+    except Exception as e:  # noqa: BLE001 - the program goes on with Inductor's code whatever the store says
+        gone, reason = False, f"{reason} (removing it from the store failed: {type(e).__name__})"
+    _fallback(key, reason + ("; removed from the store" if gone else ""))
 
 
 def current_environment() -> dict:

@@ -1,36 +1,35 @@
-"""TILESMITH_VERIFY=N: the first N calls of every substituted graph also run Inductor's own code.
+"""TILESMITH_VERIFY=N: calls of every substituted graph also checked against Inductor's own code, in the program.
 
 The gate proves an artifact on the captured inputs and on input sets it draws; it cannot see the
-program's later calls (the README says what no test of a candidate can rule out). A skeptic can have
-the program itself check: with TILESMITH_VERIFY=N each substituted graph's first N calls run
-Inductor's original wrapper on the program's real inputs and hand the program the original's outputs
-and in-place updates, then run the artifact on copies of those inputs taken before the call (the RNG
-state as the original had it) and compare: outputs (values within the gate's dtype tolerances with
-VERIFY_SLACK to spare, shapes, strides) and the inputs the graph updates in place. Copies of every
-input: Inductor's own code may reuse an input's memory (a backward's saved activations), so neither
-wrapper may see what the other left. Every input Inductor's call left unchanged must be unchanged after
-the artifact's too (a float64 sum of each, before and after). Above VERIFY_COPY_BYTES of inputs, the inputs
-Inductor marks static (weights, buffers the graph does not update) are shared instead of copied: an
-artifact that writes one is caught, but its write stays.
+program's later calls (docs/gate.md says what no test of a candidate can rule out). A skeptic can have
+the program itself check: with TILESMITH_VERIFY=N each substituted graph's calls 1..N, and after them call k
+with probability N/k (so about N more checks for every factor of e in the program's length, at calls drawn from
+the system's entropy), run the artifact exactly as any other call and Inductor's original wrapper on copies of the
+inputs taken before it (the RNG state as the artifact had it), and compare: outputs (values within the gate's dtype
+tolerances with VERIFY_SLACK to spare, shapes, strides) and the inputs the graph updates in place. The artifact
+cannot tell a checked call from another (its inputs are the program's own tensors, as always), nor know how many
+there will be. Every input Inductor's call left unchanged must be unchanged after the artifact's too (a float64
+sum of each, before and after). Above VERIFY_COPY_BYTES of inputs, the inputs Inductor marks static (weights,
+buffers the graph does not update) are shared instead of copied.
 
-A failed check (a difference, an exception in the artifact, a static input written): the graph uses
-Inductor's code from then on (through tilesmith's CUDA-graph replay where Inductor's own CUDA graphs were
-switched off for the artifact, which replays itself), with the same one-line warning as any other fallback
-(TILESMITH_RUNTIME_STRICT=1 raises instead, after Inductor's call has updated the program's tensors). A
-difference within the gate's fixed tolerances' slack but not within the tolerances themselves (a sum
-reordered, which the gate judges against a float64 reference) is counted, not acted on. A call whose check
-runs out of memory is passed, not held against the artifact.
+A failed check (a difference, an exception in the artifact, an input written that the graph does not update):
+the program gets Inductor's results for that call (its tensors set to what Inductor's code left in the copies,
+Inductor's outputs), the graph uses Inductor's code from then on (through tilesmith's CUDA-graph replay where
+Inductor's own CUDA graphs were switched off for the artifact, which replays itself), the runtime removes the
+artifact from the store so later runs never load it, and says so once on stderr (TILESMITH_RUNTIME_STRICT=1 raises
+instead). A difference within the gate's fixed tolerances' slack but not within the tolerances themselves (a sum
+reordered, which the gate judges against a float64 reference) is counted, not acted on. A call whose check runs
+out of memory is passed, not held against the artifact.
 
-Cost while verifying: both wrappers per call and the copies; after the N calls, one Python call per
-graph call. Calls made while a CUDA stream captures (reduce-overhead recording its graph) pass straight
-through, so under reduce-overhead only its warm-up calls are checked. The CPU RNG state is saved and
-restored around the artifact's run: a program drawing random numbers on another thread meanwhile would
-see that.
+Cost of a checked call: Inductor's call and the copies besides the artifact's. Calls made while a CUDA stream
+captures (reduce-overhead recording its graph) pass straight through. The CPU RNG state is saved and restored
+around Inductor's run: a program drawing random numbers on another thread meanwhile would see that.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 
 import torch
 
@@ -80,57 +79,67 @@ def wrap(call, inductors, key: str, graph, static, graphs_off: bool, on_fail):
 
 
 class Verified:
-    """`call(args)` of an artifact whose first `left` calls are checked against Inductor's `original`.
+    """`call(args)` of an artifact, some of whose calls are checked against Inductor's `original`: calls
+    1..`wanted` and, after them, call k with probability wanted/k (drawn from the system's entropy), so checks go
+    on for the program's whole life, ever sparser, at calls the artifact cannot foresee. A checked call runs the
+    artifact exactly as any other call (the program's own tensors, the program gets its outputs) and Inductor's
+    code on copies taken before it: nothing the artifact sees tells a checked call from another.
     mutated: input positions the graph updates in place; static: those Inductor marks static; fallback:
     what runs after a failed check; on_fail(key, reason): the runtime's warning (or strict error)."""
 
-    def __init__(self, fn, original, key: str, left: int, mutated, static, on_fail, fallback=None):
-        self.fn, self.original, self.key, self.left = fn, original, key, left
+    def __init__(self, fn, original, key: str, wanted: int, mutated, static, on_fail, fallback=None, draw=None):
+        self.fn, self.original, self.key, self.wanted = fn, original, key, wanted
         self.mutated, self.static = set(mutated), set(static or ())
         self.on_fail, self.fallback = on_fail, fallback if fallback is not None else original
-        self.verified = self.near = self.skipped = 0
+        self.draw = draw or random.SystemRandom().random
+        self.calls = self.verified = self.near = self.skipped = 0
         self.failed = ""
 
+    def _due(self) -> bool:
+        self.calls += 1
+        return not self.failed and (self.calls <= self.wanted or self.draw() * self.calls < self.wanted)
+
     def __call__(self, args):
-        if self.left <= 0:
+        if not self._due():
             return self.fn(args)
         real = list(args)
         if type(args) is list:
             args.clear()  # the wrapper ABI: the callee owns the list
         if _capturing(real):
             return self.fn(real)
-        self.left -= 1
         try:
-            side = self._copies(real)
+            side = self._copies(real)  # what Inductor's code runs on: the values before the call
         except torch.cuda.OutOfMemoryError:
             self.skipped += 1
             return self.fn(real)
         pre = {i: _digest(x) for i, x in enumerate(real) if isinstance(x, torch.Tensor)}
         rng0 = _rng_state(real)
-        want = self.original(list(real))  # what the program gets, on its own tensors
+        try:
+            got, raised = self.fn(list(real)), ""
+        except Exception as e:  # noqa: BLE001 - the artifact's error is a failed check, never the program's
+            got, raised = None, f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
         rng1 = _rng_state(real)
-        # Inputs Inductor's call left as they were must be left so by the artifact too; those it changed are
-        # the ones it updates (compared below) or memory it reused (a backward's saved activations).
-        sums = {i: d for i, d in pre.items() if i not in self.mutated and _same_digest(d, _digest(real[i]))}
         _set_rng_state(rng0)
         try:
-            got = self.fn(list(side))
-            why = self._compare(got, want, real, side, sums)
+            want = self.original(list(side))
+            why = raised or self._compare(got, want, real, side, pre)
         except torch.cuda.OutOfMemoryError:
-            why = None  # not the artifact's fault: this call goes unchecked
-        except Exception as e:  # noqa: BLE001 - an artifact that raises is a failed check, never the program's error
-            why = f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+            want, why = None, raised or None  # Inductor's call out of memory: unchecked, unless the artifact raised
         finally:
             _set_rng_state(rng1)
-        del side
         if why is None:
             self.skipped += 1
-        elif why:
-            self.failed, self.left, self.fn = why, 0, self.fallback
-            self.on_fail(self.key, f"call {self.verified + 1} checked against Inductor's code: {why}")
-        else:
+            return got
+        if not why:
             self.verified += 1
-        return want
+            return got
+        # The program gets Inductor's results: its tensors as Inductor's code left the copies, its outputs.
+        for x, y in zip(real, side):
+            if isinstance(x, torch.Tensor) and y is not x:
+                x.copy_(y)
+        self.failed, self.fn = why, self.fallback
+        self.on_fail(self.key, f"call {self.calls} checked against Inductor's code: {why}")
+        return want if want is not None else self.fallback(list(real))
 
     def _copies(self, real: list) -> list:
         """The artifact's arguments: copies taken before Inductor's call (static inputs shared above
@@ -140,7 +149,8 @@ class Verified:
         shared = set() if total <= VERIFY_COPY_BYTES else {i for i in tensors if i in self.static and i not in self.mutated}
         return [x.clone() if isinstance(x, torch.Tensor) and i not in shared else x for i, x in enumerate(real)]
 
-    def _compare(self, got, want, real: list, side: list, sums: dict) -> str:
+    def _compare(self, got, want, real: list, side: list, pre: dict) -> str:
+        """Why the artifact's call (`got`, on `real`) differs from Inductor's (`want`, on the copies `side`); "" if not."""
         from tilesmith.gate.correctness import compare_values
 
         got = list(got) if isinstance(got, (list, tuple)) else [got]
@@ -148,7 +158,7 @@ class Verified:
         if len(got) != len(want_l):
             return f"{len(got)} outputs where Inductor's code returns {len(want_l)}"
         pairs = [(f"output {k}", g, w) for k, (g, w) in enumerate(zip(got, want_l))]
-        pairs += [(f"input {i} after the call", side[i], real[i]) for i in sorted(self.mutated) if i < len(real)]
+        pairs += [(f"input {i} after the call", real[i], side[i]) for i in sorted(self.mutated) if i < len(real)]
         near = False
         for what, g, w in pairs:
             if isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor):
@@ -160,14 +170,17 @@ class Verified:
             if not v.ok:
                 return f"{what} differs (max abs error {v.abs_error:.3g}, allowed {v.allowed:.3g})"
             near = near or not compare_values(g, w).ok
-        for i, before in sums.items():
-            if not _same_digest(before, _digest(side[i])):  # side[i] is real[i] where it is shared
+        # Inputs Inductor's call left as they were must be left so by the artifact too; those it changed are the ones
+        # it updates (compared above) or memory it reused (a backward's saved activations). A shared static input
+        # (side[i] is real[i]) was read by both: it must be unchanged after both.
+        for i, before in pre.items():
+            if i not in self.mutated and _same_digest(before, _digest(side[i])) and not _same_digest(before, _digest(real[i])):
                 return f"input {i} changed, which the graph does not update"
         self.near += near
         return ""
 
     def describe(self) -> dict:
-        return {"verified_calls": self.verified, "within_slack": self.near, "unchecked_out_of_memory": self.skipped,
+        return {"calls": self.calls, "verified_calls": self.verified, "within_slack": self.near, "unchecked_out_of_memory": self.skipped,
                 "failed": self.failed}
 
 

@@ -21,7 +21,7 @@ def installed(
     entries = console.run_guarded(go, as_json)
     if as_json:
         console.print_json([{**m.to_dict(), "problem": problem} for m, problem in entries])
-        return
+        return  # (the revoked ones: store.revoked(), revoked.jsonl beside the store)
     rows = []
     for m, problem in entries:
         p = m.provenance
@@ -31,6 +31,11 @@ def installed(
                      f"{prov} run {p.get('run_id', '?')}", _age(m.installed), problem or "ok"])
     console.out.print(console.table(f"{len(rows)} artifact(s) installed",
                                     ["graph", "kind", "speedup", "environment", "provenance", "age", "check"], rows))
+    gone = store.revoked()
+    if gone:  # removed by a program's own check (TILESMITH_VERIFY): what and why
+        console.out.print(console.table(f"{len(gone)} artifact(s) removed after a failed check in a program",
+                                        ["graph", "when", "why"],
+                                        [[g.get("key", "?")[:12], g.get("when", "?"), g.get("reason", "")] for g in gone]))
 
 
 def _age(iso: str) -> str:

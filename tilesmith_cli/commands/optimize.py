@@ -27,6 +27,9 @@ def optimize(
     jobs: int = typer.Option(1, help="Graphs optimized at once (measurements never overlap)."),
     resume: str = typer.Option(None, help="Carry on with an interrupted run."),
     skills: list[Path] = typer.Option([], "--skills", help="Extra agent skill folders (SKILL.md inside, or folders of them)."),
+    allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite-differences",
+                                         help="The gate accepts NaN/inf placed unlike the original's on its special-value "
+                                              "input sets; recorded in each verdict and the report."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Optimize each eligible graph with the tuner or the agent; the gate decides. Prints a run id."""
@@ -36,7 +39,8 @@ def optimize(
     settings = OptimizeSettings(optimizer=optimizer, agency=agency, loops=loops, max_model_calls=max_model_calls,
                                 model=model, graphs=list(graphs), max_minutes=max_minutes, jobs=jobs,
                                 skills=[str(p) for p in skills], graph_minutes=graph_minutes,
-                                reasoning_effort=reasoning_effort, context_window=context_window, warm_start=warm_start)
+                                reasoning_effort=reasoning_effort, context_window=context_window, warm_start=warm_start,
+                                allow_nonfinite_differences=allow_nonfinite)
 
     seen: dict = {"run_id": resume}
 

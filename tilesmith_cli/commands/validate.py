@@ -26,12 +26,15 @@ def validate(
     min_improvement: float = typer.Option(None, "--min-improvement", min=0.0, max=10.0,
                                           help="Required speedup margin (default: TILESMITH_MIN_IMPROVEMENT, else 0.02)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random input sets."),
+    allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite-differences",
+                                         help="Accept NaN/inf placed unlike the original's on the special-value input "
+                                              "sets (NaN, inf, extreme magnitudes); recorded in the verdict."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
 ) -> None:
     """Prove a candidate wrapper correct and faster than the original, or say why not."""
     from tilesmith.gate import Policy, judge
 
-    policy = Policy(mode=mode.value, seed=seed)
+    policy = Policy(mode=mode.value, seed=seed, allow_nonfinite_differences=allow_nonfinite)
     if min_improvement is not None:
         policy.min_improvement = min_improvement
 
@@ -102,5 +105,7 @@ def _render(v) -> None:
     console.out.print(f"{head} ({v.wall_s:.1f} s; candidate sha256 {v.candidate_sha256[:12]}, graph {v.graph_key[:12]})",
                       markup=True)
     console.out.print(f"sandbox: {v.sandbox or 'unrecorded'}", markup=False)
+    if v.allow_nonfinite_differences:
+        console.out.print("judged with --allow-nonfinite-differences", markup=False)
     for r in v.reasons:
         console.out.print(f"  {r.code}: {r.message}", markup=False)

@@ -9,7 +9,7 @@ class State:
     """One worker's state; the main loop makes one and passes it to every op."""
 
     def __init__(self):
-        self.data = None  # loading.GraphData
+        self.data = None  # workspace.GraphData (capture/loading.py loads it)
         self.fns = {}  # role -> call
         # role -> a thunk loading the role's module again, a fresh instance for timing. The candidate only:
         # the baseline is never loaded after candidate code has run here, and its correctness calls ran

@@ -35,7 +35,8 @@ def _judge(state, path: Path, settings, **policy):
     from tilesmith.gate import judge
     from tilesmith.gate.verdict import Policy
 
-    pol = Policy(min_improvement=settings.min_improvement, seed=50_000 + state.evaluations, confirm=False, **policy)
+    pol = Policy(min_improvement=settings.min_improvement, seed=50_000 + state.evaluations, confirm=False,
+                 allow_nonfinite_differences=getattr(settings, "allow_nonfinite_differences", False), **policy)
     if settings.gate_time_budget_s:
         pol.time_budget_s = settings.gate_time_budget_s
     state.track.restore_best()  # the shell could have rewritten the timing baseline

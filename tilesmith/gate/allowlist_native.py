@@ -1,0 +1,365 @@
+"""The allowlist's native half: what a shared library a candidate brought into the gate worker links and contains.
+
+A C++ kernel (`async_compile.cpp_pybinding`) is compiled by Inductor into a `.so` that runs in the process that
+loads it: in the gate's worker, and after install in the user's own program. Its source text proves nothing (the
+preprocessor can paste any name together), so the check reads the built library itself, with the standard library
+only (no `nm` or `readelf`, which a machine may lack, and no output format to parse):
+
+- the shared libraries it names (DT_NEEDED) are the C/C++ runtimes, OpenMP and torch's CPU library, and nothing
+  else is loaded with it (no RPATH outside the installed software, no audit or filter libraries);
+- every symbol it imports (its undefined dynamic symbols, read the way the dynamic linker finds them: PT_DYNAMIC,
+  the hash tables and the relocations, never the section headers, which nothing at run time reads) is on the list
+  below, each entry there because honest Inductor kernels need it;
+- its executable bytes hold no system-call instruction of its own (x86-64 `syscall`, `sysenter`, `int 0x80`;
+  aarch64 `svc`), searched at every byte offset, so a misaligned one is found too;
+- `getenv` and `strtoull`, which Inductor's own Python binding calls once (PyInit_kernel reads the address of a
+  torch function from _TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR), are referenced from one place at most (x86-64).
+
+What this cannot see: native code that computes the address of a function it does not import (from a pointer it
+holds into libc or Python, by arithmetic) reaches anything in the process; no static check of machine code rules
+that out. The list closes every direct route (a call by name, however spelled in the source, a raw system call).
+
+The gate's parent runs this on the files the worker mapped, read from outside the worker (/proc/<pid>/maps and
+the worker's own view of its files, /proc/<pid>/root): never on the worker's word.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+
+X86_64, AARCH64 = 62, 183
+_PT_LOAD, _PT_DYNAMIC, _PF_X = 1, 2, 1
+_DT = {"NEEDED": 1, "PLTRELSZ": 2, "HASH": 4, "STRTAB": 5, "SYMTAB": 6, "RELA": 7, "RELASZ": 8, "STRSZ": 10,
+       "SYMENT": 11, "RPATH": 15, "REL": 17, "RELSZ": 18, "JMPREL": 23, "RUNPATH": 29, "GNU_HASH": 0x6FFFFEF5}
+# Entries that load more code with the library (audit and filter libraries): never in a compiler's plain output.
+_DT_LOADERS = {0x6FFFFEFB: "DT_DEPAUDIT", 0x6FFFFEFC: "DT_AUDIT", 0x7FFFFFFD: "DT_AUXILIARY", 0x7FFFFFFF: "DT_FILTER"}
+_MAX_BYTES = 256 << 20
+
+# The libraries a kernel may link: C, math, the C++ runtime and its unwinder, OpenMP (GNU's, LLVM's, Intel's), and
+# torch's CPU library (its vectorised math, Sleef, which at::vec calls).
+NEEDED = frozenset({"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libgomp.so.1", "libomp.so",
+                    "libiomp5.so", "libtorch_cpu.so", "libc10.so", "libpthread.so.0", "ld-linux-x86-64.so.2",
+                    "ld-linux-aarch64.so.1"})
+
+# Symbols imported by name, each for a reason:
+SYMBOLS = frozenset({
+    # memory: what the compiler emits for copies and fills, the C++ allocator's back end, bounds-checked variants
+    "memcpy", "memmove", "memset", "memcmp", "strlen", "malloc", "calloc", "realloc", "free", "posix_memalign",
+    "aligned_alloc", "__memcpy_chk", "__memmove_chk", "__memset_chk", "__stack_chk_fail", "__assert_fail", "abort",
+    # Inductor's Python binding (codecache.CppPythonBindingsCodeCache): arguments, errors, the module object, and
+    # the torch function address it reads once (getenv/strtoull/errno, limited to one call site below)
+    "getenv", "strtoull", "__errno_location", "PyErr_SetString", "PyErr_Occurred", "PyExc_RuntimeError",
+    "PyModule_Create2", "PyTuple_Type", "_Py_NoneStruct", "PyLong_AsSsize_t", "PyLong_AsVoidPtr", "PyFloat_AsDouble",
+    "PyUnstable_Module_SetGIL", "Py_IsNone",
+    # C++ runtime: exceptions (the binding turns them into Python errors), new/delete, static init and exit
+    "__cxa_atexit", "__cxa_finalize", "__cxa_allocate_exception", "__cxa_free_exception", "__cxa_throw",
+    "__cxa_begin_catch", "__cxa_end_catch", "__cxa_rethrow", "__cxa_guard_acquire", "__cxa_guard_release",
+    "__cxa_guard_abort", "__cxa_pure_virtual", "__gxx_personality_v0", "_Unwind_Resume", "_Znwm", "_Znam",
+    "_ZdlPv", "_ZdlPvm", "_ZdaPv", "_ZdaPvm", "_ZnwmSt11align_val_t", "_ZdlPvSt11align_val_t",
+    "_ZdlPvmSt11align_val_t", "_ZSt9terminatev", "_ZSt17__throw_bad_allocv", "_ZSt20__throw_length_errorPKc",
+    "_ZSt19__throw_logic_errorPKc", "_ZSt24__throw_out_of_range_fmtPKcz", "_ZSt20__throw_out_of_rangePKc",
+    "_ZSt28__throw_bad_array_new_lengthv", "_ZTISt9exception", "_ZTISt13runtime_error",
+    "_ZNSt13runtime_errorC1EPKc", "_ZNSt13runtime_errorC1ERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE",
+    "_ZNSt13runtime_errorD1Ev", "_ZNSt13runtime_errorD2Ev", "_ZNSt6localeC1Ev", "_ZNSt6localeD1Ev",
+    "_ZNSt8ios_base4InitC1Ev", "_ZNSt8ios_base4InitD1Ev", "_ZNSt8ios_baseC2Ev", "_ZNSt8ios_baseD2Ev",
+    # toolchain boilerplate: weak references the C runtime files carry, never defined in a process
+    "__gmon_start__", "_ITM_registerTMCloneTable", "_ITM_deregisterTMCloneTable",
+})
+# Families: libm's functions (and their _finite forms), string streams over memory (the binding's error
+# messages: std::ostringstream, no file or console stream), vectorised math, OpenMP inside a parallel region.
+_FAMILIES = re.compile(
+    r"(__)?(a?(sin|cos|tan)h?|atan2|exp(2|10|m1)?|log(2|10|1p|b)?|pow|sqrt|cbrt|hypot|erfc?|lgamma|tgamma|fmod|"
+    r"remainder|fabs|floor|ceil|l?l?round|trunc|l?l?rint|nearbyint|frexp|ldexp|scalbn|modf|copysign|nextafter|"
+    r"fmax|fmin|fdim|fma|sincos|ilogb|nan)[fl]?(_finite)?"
+    r"|_ZNSt7__cxx11(12basic_string|15basic_stringbuf|18basic_stringstream|19basic_ostringstream)IcSt11char_traitsIcE\w*"
+    r"|_ZT[VTIS]NSt7__cxx11(15basic_stringbuf|18basic_stringstream|19basic_ostringstream)IcSt11char_traitsIcE\w*"
+    r"|_ZT[VI]St(15basic_streambuf|9basic_ios)IcSt11char_traitsIcEE|_ZNSt9basic_iosIcSt11char_traitsIcEE\w+"
+    r"|_ZNSo\w+|_ZNSolsE\w+|_ZSt16__ostream_insertIcSt11char_traitsIcEE\w+"
+    r"|_ZN3c106detail(14torchCheckFail|19torchInternalAssertFail)\w*|Sleef_\w+"
+    r"|omp_get_(thread_num|num_threads|max_threads|num_procs|level)|omp_in_parallel"
+    r"|GOMP_(parallel(_end|_start|_loop_\w+|_reductions)?|barrier(_cancel)?|single_(start|copy_start|copy_end)|"
+    r"critical_(start|end|name_start|name_end)|atomic_(start|end)|loop_\w+|sections_\w+|ordered_(start|end)|"
+    r"task(wait|group_start|group_end|yield)?|alloc|free)"
+    r"|__kmpc_(fork_call|for_static_(init_\w+|fini)|barrier|global_thread_num|(end_)?single|(end_)?critical|"
+    r"(end_)?reduce\w*|push_num_threads|dispatch_\w+|(end_)?master|(end_)?masked|serialized_parallel|"
+    r"end_serialized_parallel|ordered|end_ordered|flush)")
+# Imported for Inductor's binding alone, which calls each once (PyInit_kernel): a second call site is the kernel's own.
+GLUE_ONLY = {"getenv": 1, "strtoull": 1}
+
+
+@dataclass
+class Library:
+    """What the dynamic linker sees of one ELF shared library."""
+
+    machine: int
+    needed: list[str] = field(default_factory=list)
+    search_paths: list[str] = field(default_factory=list)  # DT_RPATH / DT_RUNPATH entries
+    loaders: list[str] = field(default_factory=list)  # DT_AUDIT and the like, by name
+    imports: dict[str, list[int]] = field(default_factory=dict)  # undefined symbol -> its relocation slots (vaddr)
+    code: list[tuple[int, bytes]] = field(default_factory=list)  # (vaddr, bytes) of each executable segment
+
+
+class ElfError(ValueError):
+    """The file is not a 64-bit little-endian ELF library this module can read."""
+
+
+def symbol_allowed(name: str) -> bool:
+    return name in SYMBOLS or _FAMILIES.fullmatch(name) is not None
+
+
+def read_library(data: bytes) -> Library:
+    """Parse `data` (a whole ELF file) as the dynamic linker would; raises ElfError for anything else."""
+    if len(data) < 64 or data[:4] != b"\x7fELF":
+        raise ElfError("not an ELF file")
+    if data[4] != 2 or data[5] != 1:
+        raise ElfError("not a 64-bit little-endian ELF file")
+    machine, = struct.unpack_from("<H", data, 0x12)
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    loads, dynamic = [], None
+    for i in range(phnum):
+        p_type, p_flags, off, vaddr, _, filesz, _, _ = _unpack("<IIQQQQQQ", data, phoff + i * phentsize)
+        if p_type == _PT_LOAD:
+            loads.append((vaddr, off, filesz, p_flags))
+        elif p_type == _PT_DYNAMIC:
+            dynamic = (off, filesz)
+    lib = Library(machine, code=[(v, data[o:o + n]) for v, o, n, fl in loads if fl & _PF_X])
+    if dynamic is None:
+        raise ElfError("no dynamic section: not a shared library")
+    dyn = _dynamic_entries(data, *dynamic)
+    at = lambda vaddr: _offset(loads, vaddr)  # noqa: E731
+    strtab = at(_one(dyn, "STRTAB"))
+    name = lambda off: _cstr(data, strtab + off)  # noqa: E731
+    lib.needed = [name(v) for v in dyn.get(_DT["NEEDED"], [])]
+    lib.search_paths = [p for v in dyn.get(_DT["RPATH"], []) + dyn.get(_DT["RUNPATH"], []) for p in name(v).split(":")]
+    lib.loaders = [label for tag, label in _DT_LOADERS.items() if tag in dyn]
+    relocs = _relocations(data, dyn, at)
+    symtab = at(_one(dyn, "SYMTAB"))
+    count = max([_hash_count(data, dyn, at)] + [s + 1 for s, _ in relocs])
+    for i in range(1, count):
+        st_name, _, _, st_shndx = _unpack("<IBBH", data, symtab + 24 * i)
+        if st_shndx == 0 and st_name:  # SHN_UNDEF: resolved from another library at load
+            lib.imports.setdefault(name(st_name), [])
+    for sym, slot in relocs:
+        if sym:
+            st_name, _, _, st_shndx = _unpack("<IBBH", data, symtab + 24 * sym)
+            if st_shndx == 0 and st_name:
+                lib.imports.setdefault(name(st_name), []).append(slot)
+    return lib
+
+
+def _unpack(fmt: str, data: bytes, off: int) -> tuple:
+    try:
+        return struct.unpack_from(fmt, data, off)
+    except struct.error:
+        raise ElfError(f"truncated at offset {off}") from None
+
+
+def _dynamic_entries(data: bytes, off: int, size: int) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for i in range(size // 16):
+        tag, val = _unpack("<qQ", data, off + 16 * i)
+        if tag == 0:
+            break
+        out.setdefault(tag, []).append(val)
+    return out
+
+
+def _one(dyn: dict, key: str) -> int:
+    vals = dyn.get(_DT[key])
+    if not vals:
+        raise ElfError(f"no DT_{key}")
+    return vals[0]
+
+
+def _offset(loads: list, vaddr: int) -> int:
+    for v, off, filesz, _ in loads:
+        if v <= vaddr < v + filesz:
+            return off + vaddr - v
+    raise ElfError(f"address {vaddr:#x} is in no loaded segment")
+
+
+def _cstr(data: bytes, off: int) -> str:
+    end = data.find(b"\0", off)
+    if end < 0:
+        raise ElfError("unterminated string")
+    return data[off:end].decode("utf-8", "replace")
+
+
+def _relocations(data: bytes, dyn: dict, at) -> list[tuple[int, int]]:
+    """(symbol index, slot address) of every RELA/REL relocation the dynamic linker applies."""
+    out = []
+    for table, size, entsize in (("RELA", "RELASZ", 24), ("JMPREL", "PLTRELSZ", 24 if dyn.get(20, [7])[0] == 7 else 16),
+                                 ("REL", "RELSZ", 16)):
+        if _DT[table] not in dyn:
+            continue
+        base, n = at(_one(dyn, table)), _one(dyn, size) // entsize
+        for i in range(n):
+            r_offset, r_info = _unpack("<QQ", data, base + entsize * i)
+            out.append((r_info >> 32, r_offset))
+    return out
+
+
+def _hash_count(data: bytes, dyn: dict, at) -> int:
+    """How many dynamic symbols there are: DT_HASH says it; DT_GNU_HASH's last chain ends at the last one."""
+    if _DT["HASH"] in dyn:
+        return _unpack("<II", data, at(_one(dyn, "HASH")))[1]
+    if _DT["GNU_HASH"] not in dyn:
+        return 0
+    h = at(_one(dyn, "GNU_HASH"))
+    nbuckets, symoffset, bloom_size, _ = _unpack("<IIII", data, h)
+    buckets = h + 16 + 8 * bloom_size
+    last = max([_unpack("<I", data, buckets + 4 * i)[0] for i in range(nbuckets)] + [0])
+    if last < symoffset:
+        return symoffset
+    chains = buckets + 4 * nbuckets
+    while not _unpack("<I", data, chains + 4 * (last - symoffset))[0] & 1:
+        last += 1
+    return last + 1
+
+
+# -- what the library's code contains ----------------------------------------------------------------------------
+
+_X86_SYSCALLS = (b"\x0f\x05", b"\x0f\x34", b"\xcd\x80")  # syscall, sysenter, int 0x80
+
+
+def raw_system_calls(lib: Library) -> int:
+    """System-call instructions in the executable segments, at any byte offset (x86-64) or word (aarch64)."""
+    n = 0
+    for _, code in lib.code:
+        if lib.machine == X86_64:
+            n += sum(code.count(p) for p in _X86_SYSCALLS)
+        elif lib.machine == AARCH64:
+            words = struct.unpack_from(f"<{len(code) // 4}I", code)
+            n += sum(1 for w in words if w & 0xFFE0001F == 0xD4000001)  # svc #imm
+    return n
+
+
+def call_sites(lib: Library, symbol: str) -> int:
+    """x86-64: how many places in the code reach `symbol` through its import slot: a call or jump to its PLT stub,
+    or a RIP-relative operand that reads the slot (`call *slot`, `mov reg, slot`), at any byte offset. The stub
+    itself (`jmp *slot`) is not counted. A pointer computed at run time is not seen (see the module docstring)."""
+    slots = set(lib.imports.get(symbol, ()))
+    if not slots:
+        return 0
+    stubs, sites = set(), []
+    for base, code in lib.code:
+        for w in range(2, len(code) - 3):
+            target = base + w + 4 + struct.unpack_from("<i", code, w)[0]
+            prev = code[w - 1]
+            if target in slots and prev & 0xC7 == 0x05:  # ModRM: [rip + disp32]
+                if prev == 0x25 and code[w - 2] == 0xFF:  # jmp *slot: a PLT stub (its entry may start with endbr64)
+                    stubs.update(base + w - k for k in (2, 3, 6, 7))
+                else:
+                    sites.append(target)
+            elif prev in (0xE8, 0xE9):  # call / jmp rel32
+                sites.append(target)
+    return sum(1 for t in sites if t in slots or t in stubs)
+
+
+# -- the check --------------------------------------------------------------------------------------------------
+
+@dataclass
+class NativeFinding:
+    code: str  # allowlist-native-symbol | allowlist-native-library | allowlist-native-syscall | allowlist-native-unreadable
+    message: str
+
+
+def check_library(data: bytes, installed: tuple[str, ...] = ()) -> list[NativeFinding]:
+    """Everything in the library `data` that an honest Inductor kernel does not need. installed: folders of the
+    installed software, where a search path (RPATH/RUNPATH) may point."""
+    try:
+        lib = read_library(data)
+    except ElfError as e:
+        return [NativeFinding("allowlist-native-unreadable", f"cannot be read as a shared library: {e}")]
+    out = []
+    if lib.machine not in (X86_64, AARCH64):
+        out.append(NativeFinding("allowlist-native-unreadable", f"is built for machine {lib.machine}, which this "
+                                                                "check cannot read"))
+    for n in lib.needed:
+        if n not in NEEDED:
+            out.append(NativeFinding("allowlist-native-library", f"links {n}"))
+    for p in lib.search_paths:
+        if not os.path.isabs(p) or not any(os.path.realpath(p).startswith(r.rstrip("/") + "/") for r in installed):
+            out.append(NativeFinding("allowlist-native-library", f"searches {p!r} for libraries"))
+    out += [NativeFinding("allowlist-native-library", f"loads more code with it ({x})") for x in lib.loaders]
+    bad = sorted(s for s in lib.imports if not symbol_allowed(s))
+    if bad:
+        shown = ", ".join(bad[:12]) + (f" and {len(bad) - 12} more" if len(bad) > 12 else "")
+        out.append(NativeFinding("allowlist-native-symbol", f"imports {shown}"))
+    if lib.machine == X86_64:
+        for sym, most in GLUE_ONLY.items():
+            n = call_sites(lib, sym)
+            if n > most:
+                out.append(NativeFinding("allowlist-native-symbol", f"calls {sym} from {n} places (Inductor's binding "
+                                                                    f"calls it from {most})"))
+    n = raw_system_calls(lib)
+    if n:
+        out.append(NativeFinding("allowlist-native-syscall", f"holds {n} system-call instruction(s) of its own"))
+    return out
+
+
+# -- the libraries a process has mapped ---------------------------------------------------------------------------
+
+_checked: dict[str, list[NativeFinding]] = {}  # sha256 of a library's bytes -> its findings (the same file, again)
+
+
+def installed_roots() -> tuple[str, ...]:
+    """Where the installed software lives (a search path may point there): the interpreter and system libraries."""
+    import site
+    import sys
+
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, "/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib",
+             "/usr/local/cuda"}
+    roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    return tuple(sorted(os.path.realpath(r) for r in roots))
+
+
+def mapped_files(pid: int) -> list[tuple[int, str]]:
+    """(pid, path) of every file mapped executable in process `pid` and every process under it, read from /proc (the
+    kernel's account, which nothing the processes run can change); paths as each process sees them."""
+    from tilesmith.gate.procfs import process_tree
+
+    out = []
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/maps") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue  # gone since it was listed
+        for line in lines:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and "x" in parts[1] and parts[5].startswith("/"):
+                out.append((p, parts[5]))
+    return list(dict.fromkeys(out))
+
+
+def check_process(pid: int, under: tuple[str, ...], skip: tuple[str, ...] = ()) -> list[NativeFinding]:
+    """Every library that process `pid` (or one under it) mapped from a folder in `under` (where builds land) and not
+    in `skip` (a trusted generator's cache), read through the process's own view of its files (/proc/<pid>/root),
+    checked with check_library. Findings name the library."""
+    def inside(path: str, roots) -> bool:
+        return any(path.startswith(r.rstrip("/") + "/") for root in roots for r in {root, os.path.realpath(root)})
+
+    out, installed = [], installed_roots()
+    for p, path in mapped_files(pid):
+        path = path.removesuffix(" (deleted)")
+        if not inside(path, under) or inside(path, skip):
+            continue
+        try:
+            with open(f"/proc/{p}/root{path}", "rb") as f:
+                data = f.read(_MAX_BYTES + 1)
+        except OSError as e:
+            out.append(NativeFinding("allowlist-native-unreadable", f"{os.path.basename(path)}: cannot be read from "
+                                                                     f"outside the process ({e.strerror})"))
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if digest not in _checked:
+            _checked[digest] = check_library(data, installed) if len(data) <= _MAX_BYTES else [
+                NativeFinding("allowlist-native-unreadable", "is larger than this check reads")]
+        out += [NativeFinding(f.code, f"{os.path.basename(path)} {f.message}") for f in _checked[digest]]
+    return out
