@@ -152,13 +152,13 @@ def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSe
     spread CPU graphs over fake devices with it); None: `settings.gpus` and `settings.ray` decide."""
     note = on_event or (lambda kind, **kw: None)
     run, settings, workspace = _start(workspace, settings, resume)
+    _check_placement(settings, optimizer, lanes)
     ws = wsmod.load(workspace)
     graphs = _select(ws, settings.graphs)
     if settings.optimizer == "agent" and optimizer is None:  # a missing key or unknown model: an error before any work
         from tilesmith.search.agent.provider import check_provider
 
         check_provider(settings)
-    _check_placement(settings, optimizer, lanes)
     run = run or runs.load_run(runs.create_run(asdict(settings), str(ws.path), ws.environment).name)
     tracks = {g.key: TrackResult(**{**asdict(TrackResult(g.key, g.kind)), **run["graphs"].get(g.key, {})}) for g in graphs}
     lock = threading.Lock()

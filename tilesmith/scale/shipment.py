@@ -4,8 +4,8 @@ What is shipped (`pack`): the graph's folder (wrapper.py, graph.json, data.pt, .
 workspace, the run's settings, the agent's skill folders, and the track folder as the run left it (a lost
 or interrupted track carries on from its best). Where it runs (`run_track`): unpacked into a scratch folder,
 then `python -m tilesmith.scale.child` runs the ordinary optimize driver on that one graph in a private
-TILESMITH_HOME; it prints one JSON line per event, and each acceptance and the end bring back the files of
-the track folder that changed. How it comes back (`absorb`): into runs/<run-id>/<key>/ and run.json of the
+TILESMITH_HOME; it prints one JSON line per event, and each event brings back the files of the track folder
+that changed since the last (the baseline profile, each verdict, each acceptance). How it comes back (`absorb`): into runs/<run-id>/<key>/ and run.json of the
 run, with best.json pointing at the run's own workspace, so `report` and `install` read the run unchanged.
 """
 
@@ -93,8 +93,8 @@ def write_tree(root: Path, files: dict[str, bytes]) -> None:
 
 def run_track(ship: dict, env_extra: dict, root: Path, stopped=lambda: False):
     """Run one shipped track in a process of its own under root; yields its messages: {"event": "started",
-    "pid"} first, then the child's events ({"event", "row", "label"/"error"}, with "files" on "accepted"
-    and "end"), and last either its "end" or {"event": "lost", "reason"} when the process died without one.
+    "pid"} first, then the child's events ({"event", "row", "label"/"error", "files": the track folder's
+    files changed since the last message}), and last either its "end" or {"event": "lost", "reason"} when the process died without one.
     stopped(): when it turns true the process is asked to stop (SIGTERM), saves what it has and ends."""
     track = unpack(ship, root)
     sent = _stamps(track)  # what the run already has
@@ -106,9 +106,8 @@ def run_track(ship: dict, env_extra: dict, root: Path, stopped=lambda: False):
         yield {"event": "started", "pid": p.pid}
         ended = False
         try:
-            for msg in _messages(p, stopped):
-                if msg["event"] in ("accepted", "end"):
-                    msg["files"], sent = changed_files(track, sent)
+            for msg in _messages(p, stopped):  # each with the files changed since the last: a baseline
+                msg["files"], sent = changed_files(track, sent)  # profile, each verdict, an acceptance
                 ended = ended or msg["event"] == "end"
                 yield msg
         finally:
