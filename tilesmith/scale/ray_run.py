@@ -12,8 +12,10 @@ marked "lost", and `tilesmith optimize --resume RUN` runs it again from its last
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from collections import deque
 from dataclasses import asdict
 
@@ -35,12 +37,15 @@ def require_ray():
 def run_ray(r, graphs, tracks: dict) -> None:
     """Run the unfinished tracks of `graphs` as Ray tasks (see the module's docstring)."""
     ray = require_ray()
-    mine = _connect(ray, r.settings.ray)
-    try:
-        _drive(ray, r, graphs, tracks)
-    finally:
-        if mine:
-            ray.shutdown()  # a local instance stops; a cluster only loses this driver
+    # Ray's driver prints the cluster's errors ("(raylet) The node ... has been marked dead") on stdout, from a
+    # thread of its own: on stderr instead, where they belong, so that stdout (`--json`) stays the result's.
+    with contextlib.redirect_stdout(sys.stderr):
+        mine = _connect(ray, r.settings.ray)
+        try:
+            _drive(ray, r, graphs, tracks)
+        finally:
+            if mine:
+                ray.shutdown()  # a local instance stops; a cluster only loses this driver
 
 
 def _connect(ray, address: str) -> bool:
