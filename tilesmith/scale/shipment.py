@@ -27,7 +27,8 @@ from tilesmith.sandbox import _SECRET
 SHIP_FILE = "shipment.json"
 # The run's own settings that a track reads from the environment (TILESMITH_RELOWER, TILESMITH_SANDBOX, ...)
 # travel with it; where things live (home, caches) and secrets do not.
-_LOCAL_ONLY = {"TILESMITH_HOME", "TILESMITH_DEBUG", "TILESMITH_NATIVE_DIR", "TILESMITH_DEMO_OUT"}
+_LOCAL_ONLY = {"TILESMITH_HOME", "TILESMITH_DEBUG", "TILESMITH_NATIVE_DIR", "TILESMITH_DEMO_OUT", "TILESMITH_GRAPH_DIR",
+               "TILESMITH_GATE_DEVICE", "TILESMITH_GATE_HEADER_DIR", "TILESMITH_INDUCTOR_DEFAULT_DIR"}
 
 
 def pack(r, g, row: dict, deadline_epoch: float | None) -> dict:
