@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo gpu-wheels gpu-deps gpu-smoke gpu-test gpu-test-groups gpu-test-run bench-gpu lint clean
+.PHONY: install test test-ray demo gpu-wheels gpu-deps gpu-smoke gpu-test gpu-test-groups gpu-test-run bench-gpu lint clean
 
 # A python that already has torch (a GPU machine's CUDA build): the venv sees its packages and pip never replaces
 # them. There, with no registry, the wheels carried in .whl/ (`make gpu-wheels` where pip works) are the only source.
@@ -36,6 +36,11 @@ install: $(BIN)/tilesmith
 test: install
 	$(BIN)/python -m pip show -q pytest-xdist >/dev/null 2>&1 || $(BIN)/python -m pip install -q pytest-xdist
 	$(BIN)/python -m pytest -q -x --durations=10 -n 2 --dist loadfile
+
+# Opt-in (minutes on 2 cores): `optimize --ray` on a Ray cluster started on loopback by the tests (tests/test_scale_ray.py).
+test-ray: install
+	$(BIN)/python -c "import ray" 2>/dev/null || $(BIN)/python -m pip install -q -e '.[ray]'
+	$(BIN)/python -m pytest -q -m ray --durations=5 tests/test_scale_ray.py
 
 demo: install
 	$(BIN)/python examples/demo.py

@@ -14,6 +14,16 @@ from tests.conftest import captured_workspace
 pytestmark = pytest.mark.slow
 pytest.importorskip("transformers")
 
+
+
+@pytest.fixture(autouse=True)
+def one_thread_per_worker(monkeypatch):
+    """Each gate worker on one thread, pinned to one CPU (as the gate's other CPU tests): with torch's default of
+    a thread per CPU, on 2 CPUs shared with the other test process, OpenMP's threads wait on each other for whole
+    scheduler slices, and CI saw the original run 18x slower per call than alone (unstable-timing), twice."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
 ENTRIES = {name: corpus.entry(name, "cpu") for name in ("gpt2", "llama", "gpt2-train")}
 
 

@@ -50,6 +50,11 @@ class OptimizeSettings:
     context_window: int | None = None  # the model's input window in tokens, when its profile does not say
     warm_start: bool = True  # the agent: the built-in tuner runs first (agent_warm.py)
     allow_nonfinite_differences: bool = False  # the gate's Policy field of that name (--allow-nonfinite-differences)
+    # Where tracks run (tilesmith/scale). gpus is this session's, like jobs; --resume keeps the run's ray
+    # and ray_cpus unless it names another cluster:
+    gpus: list[str] | None = None  # GPUs of this host for CUDA graphs, one track each at a time (None: all visible)
+    ray: str | None = None  # a Ray cluster's address, or "local": every graph's track a Ray task
+    ray_cpus: float = 1.0  # CPUs a CPU graph's Ray task asks for (its gate times on that many threads)
 
     def resolved(self) -> "OptimizeSettings":
         from tilesmith.gate.verdict import default_min_improvement
@@ -86,7 +91,9 @@ class OptimizeSettings:
 class TrackResult:
     key: str
     kind: str
-    status: str = "pending"  # pending | running | done | exhausted | cached | failed | interrupted
+    # pending | running | done | exhausted | cached | failed | interrupted | lost (its process or node died:
+    # unfinished, like interrupted; `--resume` runs it again from its last accepted source)
+    status: str = "pending"
     reason: str = ""
     loops_done: int = 0
     candidates: int = 0
@@ -112,6 +119,10 @@ class OptimizeResult:
         graph.json, a crashed worker, every screen failing): the run did not do what was asked for them."""
         return [t for t in self.tracks if t.status == "failed"]
 
+    def lost(self) -> list[TrackResult]:
+        """The graphs whose track's process or node died before it ended (tilesmith/scale): `--resume` reruns them."""
+        return [t for t in self.tracks if t.status == "lost"]
+
 
 @dataclass
 class _Run:
@@ -133,13 +144,17 @@ class _Run:
 
 
 def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSettings | None = None, *,
-             resume: str | None = None, on_event=None, optimizer: Optimizer | None = None) -> OptimizeResult:
+             resume: str | None = None, on_event=None, optimizer: Optimizer | None = None,
+             lanes: list | None = None) -> OptimizeResult:
     """Optimize every eligible graph of `workspace` (or carry on with run `resume`).
 
     `optimizer` replaces the one `settings.optimizer` names (which still labels the run and its
-    artifacts); see tilesmith.search for the contract."""
+    artifacts); see tilesmith.search for the contract. `lanes` (tilesmith.scale.Lane): run every graph's
+    track in a process of its own, one per lane at a time, with the lane's environment (tests and benchmarks
+    spread CPU graphs over fake devices with it); None: `settings.gpus` and `settings.ray` decide."""
     note = on_event or (lambda kind, **kw: None)
     run, settings, workspace = _start(workspace, settings, resume)
+    _check_placement(settings, optimizer, lanes)
     ws = wsmod.load(workspace)
     graphs = _select(ws, settings.graphs)
     if settings.optimizer == "agent" and optimizer is None:  # a missing key or unknown model: an error before any work
@@ -164,7 +179,7 @@ def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSe
     try:  # from the moment the caller learns the run id, a Ctrl-C leaves the run marked interrupted
         note("run", run_id=run.run_id, graphs=len(graphs))
         with keep_spares(default_spares()) as r.spares:  # decisions run back to back: workers start ahead
-            _work_all(r, graphs, tracks)
+            _work_all(r, _placed_elsewhere(r, graphs, tracks, lanes), tracks)
     except KeyboardInterrupt:
         interrupted = True
         r.stop.set()
@@ -172,7 +187,8 @@ def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSe
     for t in unfinished:
         if t.status == "running":
             t.status = "interrupted"
-        elif t.status == "pending" and not interrupted and settings.max_minutes:
+        elif t.status == "pending" and not interrupted and settings.max_minutes and (
+                not t.reason or "--max-minutes" in t.reason):  # not a reason of its own (no Ray node for it)
             t.reason = f"not started: the {settings.max_minutes:g}-minute budget (--max-minutes) was spent; " \
                        f"`tilesmith optimize --resume {run.run_id}` carries on"
         save(t)
@@ -193,8 +209,29 @@ def _start(workspace, settings: OptimizeSettings | None, resume: str | None):
     # What limits this session is the caller's, not the interrupted run's.
     settings.max_minutes = given.max_minutes if given else None
     settings.jobs = given.jobs if given else settings.jobs
+    settings.gpus = given.gpus if given else None
+    if given and given.ray:  # else the run's own cluster (a lost track goes back where it came from)
+        settings.ray, settings.ray_cpus = given.ray, given.ray_cpus
     run.status, run.ended = "running", None
     return run, settings.resolved(), run.workspace
+
+
+def _check_placement(settings: OptimizeSettings, optimizer, lanes) -> None:
+    """--gpus / --ray / lanes can be had here (tilesmith/scale): checked before the run exists."""
+    if settings.ray or settings.gpus or lanes is not None:
+        from tilesmith.scale import check
+
+        check(settings, optimizer, lanes)
+
+
+def _placed_elsewhere(r: _Run, graphs, tracks: dict[str, TrackResult], lanes) -> list:
+    """The graphs this process runs: the others go to other GPUs or a Ray cluster (tilesmith/scale), which
+    bring their results into this run; with one GPU, none, or only CPU graphs, all of them, as always."""
+    if not (r.settings.ray or lanes is not None or any(str(g.device).startswith("cuda") for g in graphs)):
+        return graphs
+    from tilesmith.scale import place
+
+    return place(r, graphs, tracks, lanes)
 
 
 def _work_all(r: _Run, graphs, tracks: dict[str, TrackResult]) -> None:

@@ -9,6 +9,7 @@ from dataclasses import asdict, is_dataclass
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tilesmith import settings
@@ -54,9 +55,10 @@ def fail(e: TilesmithError, as_json: bool = False) -> None:
     if as_json:
         print_json(e.to_dict())
     else:
-        err.print(f"[red]error:[/red] {e.message}", markup=True)
+        # The library's text is plain: "[ray]" in `pip install 'tilesmith[ray]'` is no markup tag.
+        err.print(f"[red]error:[/red] {escape(e.message)}", markup=True)
         if e.hint:
-            err.print(f"[dim]hint: {e.hint}[/dim]", markup=True)
+            err.print(f"[dim]hint: {escape(e.hint)}[/dim]", markup=True)
     raise typer.Exit(1)
 
 

@@ -5,9 +5,14 @@ inputs and views of them). graphed.py decides when to capture; this module captu
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from tilesmith.replay import native
+
+if TYPE_CHECKING:
+    from tilesmith.replay import graphed
 
 # Device memory a capture may newly reserve (the graph's private pool: its intermediates and outputs stay
 # reserved, where the plain call frees them; buffers of copied inputs): above this the layout runs plain.

@@ -25,6 +25,11 @@ def optimize(
     graphs: list[str] = typer.Option([], "--graphs", help="Only these graph keys (prefixes)."),
     max_minutes: float = typer.Option(None, help="Stop cleanly after this many minutes."),
     jobs: int = typer.Option(1, help="Graphs optimized at once (measurements never overlap)."),
+    gpus: str = typer.Option(None, help="GPUs of this host to spread CUDA graphs over, one track per GPU at a "
+                                        "time, e.g. 0,1,2,3 (default: every visible GPU)."),
+    ray: str = typer.Option(None, help="Run each graph's track as a Ray task: a cluster's address, or `local` for "
+                                       "one started here for the run (pip install 'tilesmith\\[ray]')."),
+    ray_cpus: float = typer.Option(1.0, help="CPUs a CPU graph's Ray task asks for; its gate times on that many."),
     resume: str = typer.Option(None, help="Carry on with an interrupted run."),
     skills: list[Path] = typer.Option([], "--skills", help="Extra agent skill folders (SKILL.md inside, or folders of them)."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite-differences",
@@ -35,16 +40,18 @@ def optimize(
     """Optimize each eligible graph with the tuner or the agent; the gate decides. Prints a run id."""
     from tilesmith.optimize import OptimizeSettings
     from tilesmith.optimize import optimize as run_optimize
+    from tilesmith.scale.plan import parse_gpus
 
     settings = OptimizeSettings(optimizer=optimizer, agency=agency, loops=loops, max_model_calls=max_model_calls,
                                 model=model, graphs=list(graphs), max_minutes=max_minutes, jobs=jobs,
                                 skills=[str(p) for p in skills], graph_minutes=graph_minutes,
                                 reasoning_effort=reasoning_effort, context_window=context_window, warm_start=warm_start,
-                                allow_nonfinite_differences=allow_nonfinite)
+                                allow_nonfinite_differences=allow_nonfinite, ray=ray, ray_cpus=ray_cpus)
 
     seen: dict = {"run_id": resume}
 
     def go():
+        settings.gpus = parse_gpus(gpus)
         if as_json:
             return run_optimize(workspace, settings, resume=resume, on_event=_progress(None, seen))
         with console.err.status("starting ...") as status:
@@ -55,7 +62,7 @@ def optimize(
         console.print_json(result)
     else:
         _render(result)
-    if result.failed():
+    if result.failed() or result.lost():
         raise typer.Exit(1)
 
 
@@ -101,7 +108,15 @@ def _render(result) -> None:
             console.err.print(f"  {t.key[:12]}: {t.reason or 'no reason recorded'}", markup=False)
         console.err.print("[dim]hint: `tilesmith replay WORKSPACE/graphs/KEY` checks that a captured graph loads and "
                           "runs; `tilesmith capture --force` captures it again[/dim]", markup=True)
-    if result.status == "interrupted":
+    lost = result.lost()
+    if lost:
+        console.err.print(f"[red]error:[/red] {len(lost)} graph(s) lost: their track's process or node died",
+                          markup=True)
+        for t in lost:
+            console.err.print(f"  {t.key[:12]}: {t.reason or 'no reason recorded'}", markup=False)
+        console.err.print(f"[dim]hint: `tilesmith optimize --resume {result.run_id}` runs exactly the unfinished "
+                          "graphs again; what was accepted is kept[/dim]", markup=True)
+    elif result.status == "interrupted":
         console.err.print(f"[yellow]interrupted[/yellow]: the time limit (--max-minutes) ended the run before every graph "
                           f"was done; `tilesmith optimize --resume {result.run_id}` carries on", markup=True)
     console.out.print(f"next: tilesmith report {result.run_id}  |  tilesmith install {result.run_id}")
