@@ -54,7 +54,7 @@ def install(run_id: str | None = None, *, dry_run: bool = False, force: bool = F
     for t in tracks:
         result.graphs.append(_install_track(run, t, dry_run=dry_run, force=force))
     if not dry_run and _cuda():
-        # The CUDA-graph replay's address check in C (tilesmith.native): built here, once per machine and torch,
+        # The CUDA-graph replay's address check in C (tilesmith.replay.native): built here, once per machine and torch,
         # because the runtime never compiles inside the user's program (without it the check runs in Python).
         from tilesmith.replay import native
 

@@ -154,7 +154,7 @@ class Verdict:
     timing_baseline_sha256: str | None = None  # set when the timing baseline was not the original
     checked_only: bool = False  # judged with Policy.correctness_only: no timing, never accepted
     # The isolation candidate code ran under: "namespaces" (an OS sandbox: own user, PID, mount and network
-    # namespaces, read-only file system) or "env-only" (a scrubbed environment only); see tilesmith.sandbox.
+    # namespaces, read-only file system) or "env-only" (a scrubbed environment only); see tilesmith.launch.sandbox.
     sandbox: str = ""
     # Judged with Policy.allow_nonfinite_differences: NaN/inf placed unlike the original's on the special-value
     # sets was not a rejection (a "nonfinite-differences-allowed" warning says where it happened).
