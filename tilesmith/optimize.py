@@ -50,7 +50,7 @@ class OptimizeSettings:
     context_window: int | None = None  # the model's input window in tokens, when its profile does not say
     warm_start: bool = True  # the agent: the built-in tuner runs first (agent_warm.py)
     allow_nonfinite_differences: bool = False  # the gate's Policy field of that name (--allow-nonfinite-differences)
-    # Where tracks run (tilesmith/scale). gpus is this session's, like jobs; --resume keeps the run's ray
+    # Where tracks run (tilesmith/scale). gpus is this command's, like jobs; --resume keeps the run's ray
     # and ray_cpus unless it names another cluster:
     gpus: list[str] | None = None  # GPUs of this host for CUDA graphs, one track each at a time (None: all visible)
     ray: str | None = None  # a Ray cluster's address, or "local": every graph's track a Ray task
@@ -206,7 +206,7 @@ def _start(workspace, settings: OptimizeSettings | None, resume: str | None):
     run = runs.load_run(resume)
     given = settings
     settings = OptimizeSettings(**{k: v for k, v in run.settings.items() if k in OptimizeSettings.__dataclass_fields__})
-    # What limits this session is the caller's, not the interrupted run's.
+    # What limits this command is the caller's, not the interrupted run's.
     settings.max_minutes = given.max_minutes if given else None
     settings.jobs = given.jobs if given else settings.jobs
     settings.gpus = given.gpus if given else None

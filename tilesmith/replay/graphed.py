@@ -26,7 +26,7 @@ from them and its own size checks ran at the capture):
 * The last but one capture the budget allows (MAX_RECORDS) copies in every input that has moved so far
   (not those the compiler marks static) and reads the others in place; the last one copies every input in
   and every output out, so nothing the caller does later can make it capture again. (A GPT-2 training
-  step on the H200, session 12: its backward's last capture copied all 113 inputs and every gradient out,
+  step on the H200 (benchmarks/RESULTS-history.md): its backward's last capture copied all 113 inputs and every gradient out,
   and the step gained 1.29x where the graph alone had gained 2.9x; with the copied inputs' buffers in the
   graph's pool it settled after 3 captures, 4 inputs copied, no output copied: 1.61x.)
 * Outputs are handed out without a copy: fresh tensor objects over the graph's own memory. Before a
@@ -71,7 +71,7 @@ MAX_RECORDS = 6  # captures per layout (the first, then re-records); past it the
 # outputs of the others. A loop holding the last step's output needs two; a third serves a caller that also
 # keeps one earlier call's outputs: the gate does, for its checks (a call drawn at random in each timed
 # sample). With two, the gate's timing of a replay went over to copying every output out, a cost the program
-# it stands for never pays (one likely part of the gap on the H200, session 14: the MoE's replay timed 0.140 ms
+# it stands for never pays (one likely part of the gap on the H200 (benchmarks/RESULTS-history.md): the MoE's replay timed 0.140 ms
 # per call at the gate, its step 0.116 ms in the program; not yet measured with three).
 # A further instance exists only while a caller holds that many calls' outputs; each is bounded like the first
 # (MAX_GRAPH_BYTES).

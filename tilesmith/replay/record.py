@@ -68,7 +68,7 @@ class _Record:
             torch.cuda.empty_cache()
             self.graph = torch.cuda.CUDAGraph()
             out = _capture(self.graph, pool, run, lay.dev_idx)
-        # The copied inputs' buffers are not counted: they were allocated before reserved0 until session 12.
+        # The copied inputs' buffers are not counted: they were allocated before reserved0 in earlier versions.
         own = sum(b.untyped_storage().nbytes() for b in self.own.values())
         grew = torch.cuda.memory_reserved(lay.device) - reserved0 - own
         if grew > MAX_GRAPH_BYTES:

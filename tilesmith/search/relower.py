@@ -70,7 +70,7 @@ GPU_VARIANTS = [
                                       "triton.decompose_k_threshold": 8}),
     Variant("coordinate-descent tuning", {"coordinate_descent_tuning": True}),
     # topk, sort, kthvalue, median lowered to Triton sorts that fuse with their neighbours instead of ATen's
-    # kernels (the H200 profile of the MoE under reduce-overhead, session 11: ATen's topk of 2 among 4 experts,
+    # kernels (the H200 profile of the MoE under reduce-overhead (benchmarks/RESULTS-history.md): ATen's topk of 2 among 4 experts,
     # gatherTopK + bitonicSortKVInPlace, was 22 of the step's 115 GPU µs). Ties may come out in another order
     # than ATen's: the gate compares the indices exactly and rejects a variant where that changes outputs.
     Variant("sort ops (topk, sort) in Triton", {"triton.decompose_sort_ops": True}),

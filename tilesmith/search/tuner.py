@@ -93,7 +93,7 @@ def _relowered_then_replayed(inner: Generator[Candidate, dict, None], track: Tra
     """The re-lowering search's candidates, and after one is accepted as plain code on a graph Inductor
     replays, the whole-call replay of the new code before the search goes on: less GPU work leaves the
     trees' host time per call (their Python) the larger part of the step, which our replay does not pay
-    (the MoE on the H200, session 15: topk as a sort took the GPU time per step from 0.114 to 0.093 ms,
+    (the MoE on the H200, benchmarks/RESULTS-history.md: topk as a sort took the GPU time per step from 0.114 to 0.093 ms,
     accepted at 1.16x, and under the trees the program's step was then host-bound)."""
     verdict = None
     tried = False

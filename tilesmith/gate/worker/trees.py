@@ -5,14 +5,14 @@ Graph mode times the original as a bare `CUDAGraph.replay()` with its inputs in 
 what the program pays under reduce-overhead, where every call goes through the trees' Python (which node
 to replay, its invariants, the outputs rebuilt from the graph's pool, inputs not marked static copied in).
 A candidate that replays itself (tilesmith.cudagraph) runs in the program instead of the trees, so that is
-what it must beat; against a bare replay it never can (benchmarks/RESULTS.md, session 8).
+what it must beat; against a bare replay it never can (benchmarks/RESULTS-history.md).
 
 Where the capture recorded which inputs Inductor marked static (its static_input_idxs), every one of them
 stays at one address in the gate's buffer sets, and no input is an earlier graph's output
 (gate.inputs.trees_static), exactly those are static here and each call reads its own buffer set: the trees
 copy the others in on every call, as the program's trees do (they copy, whatever its address, every input
 neither marked static nor an earlier graph's output, which they read in place as their own memory). With no
-copy at all the original was timed cheaper than the program runs it (session 15 on the H200: the MoE's
+copy at all the original was timed cheaper than the program runs it (on the H200, benchmarks/RESULTS-history.md: the MoE's
 replay, 1.17-1.28x faster than reduce-overhead in the program, was rejected at 0.970-0.979x; 0.993x with
 the copy). Otherwise every tensor input is marked static and every call reads the first buffer set,
 refilled between samples (new values, same addresses): the trees copy no input and replay one node, their

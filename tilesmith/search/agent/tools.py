@@ -121,7 +121,7 @@ def _redacting(fn):
 WEB_SEARCH = {
     True: "Web search: AVAILABLE (the provider's web_search tool, for you and the general-purpose subagent): "
           "look up documentation, papers and known kernels when it helps; measurements here decide.",
-    False: "Web search: NOT available in this session; rely on the skills, the code and your measurements.",
+    False: "Web search: NOT available in this run; rely on the skills, the code and your measurements.",
 }
 
 _CEILINGS: dict = {}
