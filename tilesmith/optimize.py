@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal
 
-from tilesmith import paths, runs, store
+from tilesmith import paths, runs
 from tilesmith import workspace as wsmod
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.proc import default_spares, keep_spares
@@ -24,7 +24,7 @@ from tilesmith.search import Candidate, Optimizer, Track
 from tilesmith.settings import current as settings_now
 from tilesmith.workspace import write_json
 
-FINAL = ("done", "exhausted", "cached", "failed")
+FINAL = runs.FINAL
 OptimizerName = Literal["auto", "tuner", "agent"]
 Agency = Literal["low", "medium", "high"]
 # The agent's finite defaults per graph (0 on the command line: unlimited).
@@ -335,13 +335,7 @@ def _policy(settings: OptimizeSettings, seed: int, timing_baseline: Path | None)
 
 
 def _exact_hit(rid: str, g, settings: OptimizeSettings) -> bool:
-    m = store.get(g.key)
-    if m is None or not settings.provenance_match(m.provenance):
-        return False
-    write_json(runs.track_dir(rid, g.key) / "cache.json",
-               {"key": g.key, "artifact": str(store.artifact_path(g.key)), "manifest": str(store.manifest_path(g.key)),
-                "speedup": m.evidence.speedup, "from_run": m.provenance.get("run_id")})
-    return True
+    return runs.exact_hit(rid, g.key, settings.provenance_match)
 
 
 def _run_track(r: _Run, g, t: TrackResult, settings: OptimizeSettings) -> None:

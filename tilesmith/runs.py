@@ -107,6 +107,24 @@ def load_run(run_id: str | None = None) -> Run:
     return Run.from_dict(d, run_id)
 
 
+# The statuses of a track that a resumed run never runs again.
+FINAL = ("done", "exhausted", "cached", "failed")
+
+
+def exact_hit(run_id: str, key: str, provenance_match) -> bool:
+    """Whether the store holds an artifact for graph `key` made with the same settings (`provenance_match`, the run
+    settings' check of an artifact's provenance); if so, the track's cache.json names it and no search is needed."""
+    from tilesmith import store
+
+    m = store.get(key)
+    if m is None or not provenance_match(m.provenance):
+        return False
+    write_json(track_dir(run_id, key) / "cache.json",
+               {"key": key, "artifact": str(store.artifact_path(key)), "manifest": str(store.manifest_path(key)),
+                "speedup": m.evidence.speedup, "from_run": m.provenance.get("run_id")})
+    return True
+
+
 def track_dir(run_id: str, key: str) -> Path:
     return paths.run_dir(run_id) / key
 

@@ -5,14 +5,9 @@ inputs and views of them). graphed.py decides when to capture; this module captu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from tilesmith.replay import native
-
-if TYPE_CHECKING:
-    from tilesmith.replay import graphed
 
 # Device memory a capture may newly reserve (the graph's private pool: its intermediates and outputs stay
 # reserved, where the plain call frees them; buffers of copied inputs): above this the layout runs plain.
@@ -34,7 +29,7 @@ class _Record:
     """One capture: the graph, the addresses it reads in place, its copy-in plan, its output plan."""
 
     @classmethod
-    def capture(cls, lay: "graphed._Layout", real: list, pool) -> "_Record":
+    def capture(cls, lay, real: list, pool) -> "_Record":
         self = cls()
         self.copied_idx = [i for i in lay.tensor_idx if i in lay.demoted]
         self.static_idx = [i for i in lay.tensor_idx if i not in lay.demoted]
@@ -83,7 +78,7 @@ class _Record:
         self._plan_outputs(list(out) if self.kind else [out], static, lay)
         return self
 
-    def _plan_outputs(self, outs: list, static: list, lay: "graphed._Layout") -> None:
+    def _plan_outputs(self, outs: list, static: list, lay) -> None:
         by_storage = {}  # input storage pointer -> input position (the caller's tensor, or our copy)
         for i in lay.tensor_idx:
             if static[i].numel():

@@ -38,7 +38,7 @@ def check(settings, optimizer=None, lanes=None) -> None:
 def place(r, graphs: list, tracks: dict, lanes: list[Lane] | None = None) -> list:
     """Run the tracks that go elsewhere (a Ray cluster; other GPUs of this host; `lanes` when given: every
     graph on them); return the graphs left for the run's own process."""
-    from tilesmith.optimize import FINAL
+    from tilesmith.runs import FINAL
 
     if r.settings.ray:
         from tilesmith.scale.ray_run import run_ray

@@ -15,7 +15,7 @@ from tilesmith.scale import plan, shipment
 def run_lanes(r, graphs, tracks: dict, lanes: list[plan.Lane]) -> None:
     """Run the tracks of `graphs` not finished yet on `lanes` (see the module's docstring); results land
     in the run as they come (shipment.absorb). Ctrl-C stops every lane's track, which saves what it has."""
-    from tilesmith.optimize import FINAL
+    from tilesmith.runs import FINAL
 
     todo = plan.order([g for g in graphs if tracks[g.key].status not in FINAL], r.ws.graph_dir,
                       lambda key: runs.track_dir(r.run_id, key))
@@ -36,9 +36,8 @@ def run_lanes(r, graphs, tracks: dict, lanes: list[plan.Lane]) -> None:
 
 def _cached(r, g, t) -> bool:
     """An exact hit in this host's store (the track's own process has a store of its own)."""
-    from tilesmith.optimize import _exact_hit
 
-    if not _exact_hit(r.run_id, g, r.settings):
+    if not runs.exact_hit(r.run_id, g.key, r.settings.provenance_match):
         return False
     t.status, t.reason = "cached", "an artifact made with the same settings is installed"
     r.save(t)

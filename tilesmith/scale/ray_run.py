@@ -68,7 +68,7 @@ def _connect(ray, address: str) -> bool:
 
 
 def _drive(ray, r, graphs, tracks: dict) -> None:
-    from tilesmith.optimize import FINAL
+    from tilesmith.runs import FINAL
 
     todo = deque(plan.order([g for g in graphs if tracks[g.key].status not in FINAL], r.ws.graph_dir,
                             lambda key: runs.track_dir(r.run_id, key)))
