@@ -105,7 +105,7 @@ def judged(graph: Path, text: str, tmp: Path, case: str, **policy):
 
 def slowed_copy(graph: Path, dest: Path, times: int = 3) -> Path:
     """A graph folder like `graph` whose wrapper runs the whole original call `times` times (all but the last on
-    copies of the inputs, which a backward's wrapper may reuse as scratch, and with the random generators put back): its original is a genuine win there,
+    copies of the inputs with their strides, which a backward's wrapper may reuse as scratch, and with the random generators put back): its original is a genuine win there,
     whatever the graph's size (redundant kernels of a fixed size made a tiny graph's win 27x in one pass and 119x in
     the other, which the gate rightly calls irreproducible)."""
     out = dest / graph.name
@@ -116,12 +116,19 @@ def slowed_copy(graph: Path, dest: Path, times: int = 3) -> Path:
     # The extra calls leave the random generators as they found them: a training forward's dropout draws its masks
     # from them, and the last call must draw what the original's one call does (not inside a CUDA graph's capture,
     # where the generator's state is the graph's own).
-    again = (f"\n\n_call_once = call\n\n\ndef call(args):\n"
+    again = (f"\n\n_call_once = call\n\n\ndef _slowed_copy_of(a):\n"
+             "    if not isinstance(a, torch.Tensor):\n"
+             "        return a\n"
+             "    try:  # the same strides (a view with gaps, e.g. one of q/k/v, keeps them: the wrapper asserts them)\n"
+             "        return torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device).copy_(a)\n"
+             "    except RuntimeError:  # overlapping memory (a zero stride)\n"
+             "        return a.clone()\n"
+             "\n\ndef call(args):\n"
              "    _rng = [torch.get_rng_state()]\n"
              "    if torch.cuda.is_available() and not torch.cuda.is_current_stream_capturing():\n"
              "        _rng.append(torch.cuda.get_rng_state())\n"
              f"    for _ in range({times - 1}):\n"
-             "        _call_once([a.clone() if isinstance(a, torch.Tensor) else a for a in args])\n"
+             "        _call_once([_slowed_copy_of(a) for a in args])\n"
              "    torch.set_rng_state(_rng[0])\n"
              "    if len(_rng) > 1:\n"
              "        torch.cuda.set_rng_state(_rng[1])\n"

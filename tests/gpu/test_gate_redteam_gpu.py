@@ -56,9 +56,14 @@ def _judged_screen_off(graph, maker, tmp_path, monkeypatch, **policy):
 @pytest.mark.parametrize("maker", [redteam.stale_after_n_on_the_runner, redteam.degrades_every_kth_call],
                          ids=["stale-after-n", "degrades-every-3rd"])
 def test_gpu_gate_checks_outputs_inside_the_timed_stream(cuda_graph, tmp_path, monkeypatch, mode, maker):
+    """Launch mode: the cheat's Python runs at every timed call, turns stale or degrades past its first calls, and
+    the checked calls inside the timed stream see it. Graph mode: every timed call is a replay of the CUDA graph
+    captured at a call that was still honest, so the cheat's Python (its counter) never runs again and it is the
+    original's kernels: not faster, and never accepted."""
     v = _judged_screen_off(cuda_graph, maker, tmp_path, monkeypatch, mode=mode)
     assert v.sandbox == "namespaces"
-    assert not v.accepted and v.codes == ["wrong-values-in-timing"] and v.stage == "timing", v.reasons
+    expected = ["wrong-values-in-timing"] if mode == "launch" else ["not-faster"]
+    assert not v.accepted and v.codes == expected and v.stage == "timing", v.reasons
 
 
 def test_gpu_gate_still_accepts_a_real_win_with_checked_timed_calls(cuda_graph, tmp_path):
