@@ -1,0 +1,138 @@
+"""The gate's decisions on a busy machine: full decisions with CPU hogs running beside them.
+
+    python benchmarks/busy_gate.py [--hogs 2] [--trials 100] [--win 1.4] [--slower 0.85] [--budget-s 3600]
+        [--graph GRAPH_DIR] [--out FILE.json]
+
+Three kinds of candidate, judged in turn (A/A, slower, win, A/A, ...) by the whole gate with the screen on, each
+decision a fresh `judge` with its own seed, while `--hogs` processes spin on the CPUs (pure Python loops, never
+pinned: the scheduler puts them where the gate's workers are):
+- A/A: the original against itself. Every accept is a false accept.
+- slower: the original with redundant work (benchmarks/gate_calibration.slowed_graph), measured to run at about
+  `--slower` of the original's speed. Every accept is a false accept.
+- win: the original against a copy of itself slowed to `--win` times its time: a genuine win of that size.
+The graph is examples/inference.py's on the CPU unless --graph names one. Prints per kind the decisions, accepts
+(with exact one-sided 95 % bounds), the reasons of the rejections, and how many were called forged or unstable;
+writes JSON. Never passes or fails: it measures. The slowed copies' measured ratios are printed: they are measured
+before the hogs start, on the machine as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gate_calibration import capture_example, clopper_pearson, slowed_graph  # noqa: E402
+
+HOG = "while True:\n    pass\n"
+FORGED = {"timing-forged", "wrong-values-in-timing"}
+
+
+def start_hogs(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(n)]
+
+
+def stop_hogs(hogs: list[subprocess.Popen]) -> None:
+    for p in hogs:
+        p.kill()
+    for p in hogs:
+        p.wait()
+
+
+def decide(graph: Path, candidate: Path, seed: int, time_budget_s: float | None) -> dict:
+    from tilesmith.gate import Policy, judge
+
+    t0 = time.monotonic()
+    v = judge(graph, candidate, Policy(seed=seed, **({"time_budget_s": time_budget_s} if time_budget_s else {})))
+    t = v.first.timing if v.first and v.first.timing else None
+    return {"accepted": v.accepted, "stage": v.stage, "codes": v.codes, "wall_s": round(time.monotonic() - t0, 2),
+            "speedup": t.speedup if t else None, "low": t.speedup_low if t else None,
+            "why": "; ".join(f"{r.code}: {r.message[:160]}" for r in v.reasons)}
+
+
+def summary(rows: list[dict]) -> dict:
+    acc = sum(r["accepted"] for r in rows)
+    lo, hi = clopper_pearson(acc, len(rows)) if rows else (None, None)
+    codes = collections.Counter(c for r in rows if not r["accepted"] for c in (r["codes"] or [r["stage"]]))
+    return {"decisions": len(rows), "accepted": acc, "accept_low95": lo, "accept_high95": hi,
+            "forged": sum(bool(FORGED & set(r["codes"])) for r in rows),
+            "unstable": sum("unstable-timing" in r["codes"] for r in rows),
+            "rejections_by_code": dict(codes),
+            "median_wall_s": sorted(r["wall_s"] for r in rows)[len(rows) // 2] if rows else None}
+
+
+def table(results: dict) -> str:
+    lines = ["| candidate | decisions | accepted | 95 % bounds | forged | unstable | rejections by reason | median s |",
+             "|---|---:|---:|---|---:|---:|---|---:|"]
+    for kind, s in results["kinds"].items():
+        b = f"[{s['accept_low95']:.3f}, {s['accept_high95']:.3f}]" if s["decisions"] else "-"
+        why = ", ".join(f"{k} {v}" for k, v in sorted(s["rejections_by_code"].items())) or "-"
+        lines.append(f"| {kind} | {s['decisions']} | {s['accepted']} | {b} | {s['forged']} | {s['unstable']} | {why} | "
+                     f"{s['median_wall_s']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hogs", type=int, default=2, help="CPU-spinning processes beside the gate")
+    ap.add_argument("--trials", type=int, default=100, help="decisions per kind (fewer if --budget-s runs out)")
+    ap.add_argument("--win", type=float, default=1.4, help="the genuine win: the baseline copy runs this much longer")
+    ap.add_argument("--slower", type=float, default=0.85, help="the slower candidate's speed against the original")
+    ap.add_argument("--budget-s", type=float, default=3600.0, help="wall seconds for the decisions, all kinds")
+    ap.add_argument("--time-budget", type=float, default=None, help="timing seconds per gate pass (default: the gate's)")
+    ap.add_argument("--graph", type=Path, help="a captured graph dir (default: capture examples/inference.py, CPU)")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+
+    import torch
+
+    work = Path(tempfile.mkdtemp(prefix="busy-gate-"))
+    graph = a.graph or capture_example("cpu", work / "cpu", None)
+    original = graph / "wrapper.py"
+    slow_graph, win_cost = slowed_graph(graph, work / "win", a.win)
+    slower_graph, slower_cost = slowed_graph(graph, work / "slower", 1 / a.slower)
+    slower = slower_graph / "wrapper.py"  # as a candidate for the original graph
+    print(f"win: the baseline copy measured {win_cost['measured']:.3f}x the original's time; slower candidate: "
+          f"{1 / slower_cost['measured']:.3f}x the original's speed (both measured before the hogs start)", file=sys.stderr)
+    kinds = {"A/A (the original)": (graph, original), f"slower ({1 / slower_cost['measured']:.2f}x)": (graph, slower),
+             f"win ({win_cost['measured']:.2f}x)": (slow_graph, original)}
+    rows: dict = {k: [] for k in kinds}
+    hogs = start_hogs(a.hogs)
+    start = time.monotonic()
+    try:
+        for i in range(a.trials):
+            for kind, (g, cand) in kinds.items():
+                if time.monotonic() - start > a.budget_s:
+                    break
+                r = decide(g, cand, 1000 + i, a.time_budget)
+                rows[kind].append(r)
+                print(f"  {kind} {i + 1}: {'ACCEPT' if r['accepted'] else 'reject'} at {r['stage']} "
+                      f"{','.join(r['codes'])} speedup {r['speedup'] or float('nan'):.3f} "
+                      f"low {r['low'] or float('nan'):.3f} ({r['wall_s']} s)", file=sys.stderr)
+            else:
+                continue
+            break
+    finally:
+        stop_hogs(hogs)
+    results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+               "torch": torch.__version__, "python": platform.python_version(), "hogs": a.hogs,
+               "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+               "win_measured": win_cost["measured"], "slower_measured": 1 / slower_cost["measured"],
+               "original_ms": win_cost["original_ms"], "kinds": {k: summary(v) for k, v in rows.items()}, "rows": rows}
+    print(table(results))
+    if a.out:
+        a.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
