@@ -9,7 +9,9 @@ The variants that screen faster are merged into one combined config, which is lo
 too; the best goes to the gate, then the singles in order of gain. Variants that compile in seconds
 go first; those that autotune GEMMs (minutes) form a second wave on top of what the first accepted.
 A variant that does not compile, names a config this torch lacks, or changes the ABI is skipped and
-its reason recorded.
+its reason recorded. With TILESMITH_REWRITES set (off by default), the graph rewrites of
+tilesmith/search/rewrites come first, as variants of their own, in the order of the time the baseline profile
+puts in the kernels they address; where re-lowering is off by `auto` (CPU graphs) they are its only variants.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from tilesmith import settings
 from tilesmith.launch import sandbox
 from tilesmith.capture import repro
+from tilesmith.search import rewrites
 from tilesmith.search.graphed import GRAPHED_IMPORT, REPLAYED_SUFFIX, graphed_text
 from tilesmith.workspace import Graph, graph_devices
 
@@ -100,6 +103,8 @@ class RelowerConfig:
     variants: list[Variant] | None = None  # None: GPU_VARIANTS or CPU_VARIANTS by the graph's device
     # TILESMITH_RELOWER_ONLY="combo,pdl": keep only variants whose label contains one of these words
     only: str = field(default_factory=lambda: settings.current().relower_only)
+    # TILESMITH_REWRITES: graph rewrites (tilesmith/search/rewrites) tried as variants too; "" for none (the default)
+    rewrites: str = field(default_factory=lambda: settings.current().rewrites)
 
 
 def available(graph: Graph) -> tuple[bool, str]:
@@ -114,10 +119,13 @@ def available(graph: Graph) -> tuple[bool, str]:
     return True, ""
 
 
+_OFF = ("0", "off", "false")
+
+
 def enabled(graph: Graph, cfg: RelowerConfig) -> bool:
-    """TILESMITH_RELOWER=1/0 forces it; auto: CUDA graphs only (on CPU the C++ knobs rarely pay for
-    their compile time)."""
-    if cfg.enabled in ("0", "off", "false"):
+    """Whether the config variants are tried. TILESMITH_RELOWER=1/0 forces it; auto: CUDA graphs only (on CPU
+    the C++ knobs rarely pay for their compile time)."""
+    if cfg.enabled in _OFF:
         return False
     if cfg.enabled in ("1", "on", "true"):
         return True
@@ -212,15 +220,15 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
     it. Every variant, screened or skipped, is recorded through track.record(). replayed: each candidate
     goes to the gate replayed by tilesmith.cudagraph (tuner.replay_near_even), as the screen timed it."""
     cfg = cfg or RelowerConfig()
-    if not enabled(track.graph, cfg) or track.expired():
+    chosen = rewrites.chosen(cfg.rewrites)  # [] unless TILESMITH_REWRITES is set: then all is as without them
+    configs = enabled(track.graph, cfg)
+    if not (configs or (chosen and cfg.enabled not in _OFF)) or track.expired():
         return
     ok, why = available(track.graph)
     if not ok:
         track.record({"kernel": WHOLE_GRAPH, "variant": "re-lowering", "median_ms": None, "error": why})
         return
-    variants = cfg.variants if cfg.variants is not None else default_variants(track.graph)
-    words = [w.strip().lower() for w in cfg.only.split(",") if w.strip()]
-    variants = [v for v in variants if not words or any(w in v.label.lower() for w in words)]
+    variants = _variants(track, cfg, chosen, configs)
     base = Variant("", {})  # the config accepted so far
     for wave in _waves(variants):
         wave = [Variant(_joined(base.label, v.label), {**base.patch, **v.patch}, v.hopper, v.trace or base.trace)
@@ -236,6 +244,19 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
             if verdict and verdict.get("accepted"):
                 base = lw.variant
                 break
+
+
+def _variants(track, cfg: RelowerConfig, chosen: list, configs: bool) -> list[Variant]:
+    """The variants to try: the graph rewrites `chosen` first (by the profile; those it rules out are recorded),
+    then the config variants where `configs`; only those TILESMITH_RELOWER_ONLY keeps."""
+    variants = cfg.variants if cfg.variants is not None else default_variants(track.graph)
+    if chosen:
+        kept, skipped = rewrites.ordered(chosen, getattr(track, "profile", None))
+        for r, why in skipped:
+            track.record({"kernel": WHOLE_GRAPH, "variant": LABEL_PREFIX + r.label, "median_ms": None, "error": why})
+        variants = [Variant(r.label, {}, trace=r.name) for r in kept] + (variants if configs else [])
+    words = [w.strip().lower() for w in cfg.only.split(",") if w.strip()]
+    return [v for v in variants if not words or any(w in v.label.lower() for w in words)]
 
 
 def _waves(variants: list[Variant]) -> list[list[Variant]]:

@@ -33,9 +33,9 @@ class Rewrite:
 
 
 REWRITES = {r.name: r for r in (
-    Rewrite("merge-linears", "rewrite: parallel linears as one GEMM", ("aten.mm.", "aten.addmm."),
+    Rewrite("merge-linears", "parallel linears as one GEMM", ("aten.mm.", "aten.addmm."),
             r"(^|[._])(add)?mm(_|$)", "tilesmith.search.rewrites.merge_linears"),
-    Rewrite("patchify-conv", "rewrite: patch convolution as a GEMM", ("aten.convolution.",),
+    Rewrite("patchify-conv", "patch convolution as a GEMM", ("aten.convolution.",),
             r"conv", "tilesmith.search.rewrites.patchify_conv"),
 )}
 
