@@ -99,8 +99,10 @@ def _anchor(gm, members):
     member's output is used before that point."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     places = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    anchor = max(_operands(members) + places[-1:], key=lambda n: order[n])
-    if any(order[u] <= order[anchor] for m in members for u in m.users):
+    operands = _operands(members)
+    anchor = max(operands + places[-1:], key=lambda n: order[n])
+    # An operand made from a member's output has a user of that member at or before it (or is the member).
+    if any(m in operands for m in members) or any(order[u] <= order[anchor] for m in members for u in m.users):
         return None
     return anchor
 
