@@ -112,6 +112,23 @@ def test_a_vits_patch_convolution_becomes_a_gemm_that_the_gate_finds_correct(vit
     assert skipped.text is None and skipped.reason == "no two of its 3 GEMMs (mm, addmm) of one kind read the same input"
 
 
+def test_in_a_training_forward_the_merged_q_k_v_it_returns_for_the_backward_keep_their_layout(tmp_path_factory,
+                                                                                             inductor_cache, tmp_path):
+    """The forward graph returns q, k and v (views of the GEMMs' outputs) for the backward: those slices are copied
+    to buffers of the original layout, so the graph's ABI holds; the gate finds the forward correct."""
+    import json
+
+    from tests.conftest import FIXTURES, captured_workspace
+
+    ws = captured_workspace(tmp_path_factory, "ws-tiny-block-train", FIXTURES / "tiny_block.py", "--train")
+    (fwd,) = [g for g in (ws / "graphs").iterdir() if json.loads((g / "graph.json").read_text())["kind"] == "forward"]
+    (lw,) = relower.lower_variants(fwd, [relower.Variant(MERGE.label, {}, trace=MERGE.name)], jobs=1)
+    assert lw.text is not None, lw.reason
+    assert len(_calls(lw.text, "extern_kernels.mm")) == len(_calls((fwd / "wrapper.py").read_text(), "extern_kernels.mm")) - 3
+    _gives_captured_outputs(fwd, lw.text)
+    _gate_finds_it_correct(fwd, lw.text, tmp_path)
+
+
 def test_unset_or_0_the_rewrites_are_off_and_the_search_is_what_it_was(block_graph, monkeypatch):
     monkeypatch.delenv("TILESMITH_REWRITES", raising=False)
     track = _Track(block_graph)

@@ -56,6 +56,16 @@ def test_matmuls_with_weights_not_stored_transposed_are_merged_along_columns():
     assert _targets(new).count("aten.mm.default") == 1
 
 
+def test_a_merged_gemms_output_that_is_a_graph_output_keeps_the_layout_of_the_original():
+    def f(x, w1, w2):  # x: [m, k]; w*: [n, k]; the first output returned as a view, as a forward saves q
+        return torch.nn.functional.linear(x, w1).t(), torch.nn.functional.linear(x, w2).relu()
+
+    args = (torch.randn(6, 4), torch.randn(3, 4), torch.randn(5, 4))
+    new = _rewritten_matches("merge-linears", f, *args)
+    assert [o.stride() for o in new(*args)] == [o.stride() for o in f(*args)] == [(1, 3), (5, 1)]
+    assert _targets(new).count("aten.mm.default") == 1 and _targets(new).count("aten.clone.default") == 1
+
+
 def test_a_gemm_whose_weights_come_from_another_on_the_same_input_is_not_merged():
     def f(x, w):  # x: [4, 4], w: [4, 4]: the second GEMM's weight is the first one's output
         y = x @ w

@@ -6,7 +6,9 @@ one dtype: `aten.mm(x, B_i)`, or `aten.addmm(b_i, x, B_i)` with a 1-d bias over 
 q/k/v and gate/up projections are this. A group whose outputs are used before all its operands exist (one
 projection feeding another's weights) is not parallel and is left alone.
 
-After: one `mm(x, cat(B_i, 1))` (one `addmm` with `cat(b_i)`), each former output a column slice of it. Where
+After: one `mm(x, cat(B_i, 1))` (one `addmm` with `cat(b_i)`), each former output a column slice of it (copied
+to its own contiguous buffer where it, or a view of it, is a graph output: a training forward returns q, k and v
+for the backward, and an output's layout is part of the graph's ABI). Where
 B_i is `permute(W_i, [1, 0])` of an nn.Linear weight W_i [n_i, k], the weights are concatenated as they are
 stored (`cat(W_i, 0)`, a contiguous copy) and transposed after, as before.
 
@@ -28,6 +30,9 @@ import torch
 aten = torch.ops.aten
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _TRANSPOSES = (aten.permute.default, aten.t.default)
+_VIEW_OPS = {*_VIEWS, *_TRANSPOSES, aten.transpose.int, aten.slice.Tensor, aten.select.int, aten.unsqueeze.default,
+             aten.squeeze.dim, aten.squeeze.default, aten.expand.default, aten.alias.default, aten.split.Tensor,
+             aten.split_with_sizes.default, aten.unbind.int}
 
 
 def _val(n):
@@ -131,8 +136,24 @@ def apply(gm) -> int:
     return removed
 
 
+def _feeds_output(node) -> bool:
+    """Whether `node`, or a view of it, is a graph output (itself, or an item of a view op's list)."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        for u in n.users:
+            if u.op == "output":
+                return True
+            if u not in seen and ((u.op == "call_function" and u.target in _VIEW_OPS)
+                                  or (u.op == "call_function" and getattr(u.target, "__name__", "") == "getitem")):
+                seen.add(u)
+                todo.append(u)
+    return False
+
+
 def _merge(graph, kind: str, members: list, anchor) -> None:
     gemms = [_gemm(m) for m in members]
+    outputs = [_feeds_output(m) for m in members]
     widths = [int(_val(m).shape[1]) for m in members]
     stored = [_stored_weight(g[2]) for g in gemms]
     with graph.inserting_before(anchor.next):
@@ -148,8 +169,10 @@ def _merge(graph, kind: str, members: list, anchor) -> None:
         else:
             merged = graph.call_function(aten.mm.default, (left, right))  # [m, sum n]
         start = 0
-        for m, width in zip(members, widths):
+        for m, width, out in zip(members, widths, outputs):
             part = graph.call_function(aten.slice.Tensor, (merged, 1, start, start + width))  # [m, n_i]
+            if out:  # the original's layout: [m, n_i] contiguous
+                part = graph.call_function(aten.clone.default, (part,), {"memory_format": torch.contiguous_format})
             m.replace_all_uses_with(part)
             start += width
     for m in members:
