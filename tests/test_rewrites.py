@@ -44,8 +44,8 @@ class _Track:
     """What the tuner hands an optimizer: the graph, the best source so far, a profile, a log, a clock."""
 
     def __init__(self, gdir, profile=None):
-        self.graph_dir, self.best_text, self.profile, self.records = gdir, (gdir / "wrapper.py").read_text(), profile, []
-        self.graph = Graph(gdir)
+        self.graph_dir, self.graph, self.best_text = gdir, Graph(gdir), (gdir / "wrapper.py").read_text()
+        self.profile, self.records = profile, []
 
     def record(self, event: dict) -> None:
         self.records.append(event)
@@ -99,17 +99,25 @@ def test_a_blocks_q_k_v_and_gate_up_projections_become_two_gemms_that_the_gate_f
     _gate_finds_it_correct(block_graph, cand.text, tmp_path)
 
 
-def test_a_vits_patch_convolution_becomes_a_gemm_that_the_gate_finds_correct(vit_graph, tmp_path):
-    (lw,) = relower.lower_variants(vit_graph, [relower.Variant(PATCH.label, {}, trace=PATCH.name)], jobs=1)
-    assert lw.text is not None, lw.reason
+def test_a_vits_patch_convolution_becomes_a_gemm_alone_or_with_q_k_v_merged_and_the_gate_finds_both_correct(
+        vit_graph, tmp_path):
+    """Alone; then with merge-linears, as relower.merge combines two screened winners (applied one after the
+    other): 7 addmm and a convolution become 6 addmm (the patches', q/k/v as one, o, the MLP's two, the head)."""
     orig = (vit_graph / "wrapper.py").read_text()
-    assert _calls(orig, "extern_kernels.convolution") and not _calls(lw.text, "extern_kernels.convolution")
+    assert len(_calls(orig, "extern_kernels.convolution")) == 1 and len(_calls(orig, "extern_kernels.addmm")) == 7
+    both = relower.merge([relower.Variant(PATCH.label, {}, trace=PATCH.name),
+                          relower.Variant(MERGE.label, {}, trace=MERGE.name)])
+    assert both.trace == "patchify-conv+merge-linears" and both.label == f"{PATCH.label} + {MERGE.label}"
+    alone, lw = relower.lower_variants(vit_graph, [relower.Variant(PATCH.label, {}, trace=PATCH.name), both], jobs=2)
+    assert alone.text is not None and lw.text is not None, (alone.reason, lw.reason)
+    assert not _calls(alone.text, "extern_kernels.convolution") and not _calls(lw.text, "extern_kernels.convolution")
     # [2*4*4 patches, 3*8*8] times the weight as [192, 64], with the bias
-    assert any("(32, 192)" in c and "(192, 64)" in c for c in _calls(lw.text, "extern_kernels.addmm"))
-    _gives_captured_outputs(vit_graph, lw.text)
-    _gate_finds_it_correct(vit_graph, lw.text, tmp_path)
-    (skipped,) = relower.lower_variants(vit_graph, [relower.Variant(MERGE.label, {}, trace=MERGE.name)], jobs=1)
-    assert skipped.text is None and skipped.reason == "no two of its 3 GEMMs (mm, addmm) of one kind read the same input"
+    assert any("(32, 192)" in c and "(192, 64)" in c for c in _calls(alone.text, "extern_kernels.addmm"))
+    addmms = _calls(lw.text, "extern_kernels.addmm")
+    assert len(addmms) == 6 and sum("(64, 192)" in c for c in addmms) == 1, addmms
+    for text in (alone.text, lw.text):
+        _gives_captured_outputs(vit_graph, text)
+        _gate_finds_it_correct(vit_graph, text, tmp_path)
 
 
 def test_in_a_training_forward_the_merged_q_k_v_it_returns_for_the_backward_keep_their_layout(tmp_path_factory,
@@ -124,7 +132,13 @@ def test_in_a_training_forward_the_merged_q_k_v_it_returns_for_the_backward_keep
     (fwd,) = [g for g in (ws / "graphs").iterdir() if json.loads((g / "graph.json").read_text())["kind"] == "forward"]
     (lw,) = relower.lower_variants(fwd, [relower.Variant(MERGE.label, {}, trace=MERGE.name)], jobs=1)
     assert lw.text is not None, lw.reason
-    assert len(_calls(lw.text, "extern_kernels.mm")) == len(_calls((fwd / "wrapper.py").read_text(), "extern_kernels.mm")) - 3
+    before = _calls((fwd / "wrapper.py").read_text(), "extern_kernels.mm")
+    assert len(_calls(lw.text, "extern_kernels.mm")) == len(before) - 3  # q/k/v as one, gate/up as one
+    (bwd,) = [g for g in (ws / "graphs").iterdir() if json.loads((g / "graph.json").read_text())["kind"] == "backward"]
+    (skipped,) = relower.lower_variants(bwd, [relower.Variant(MERGE.label, {}, trace=MERGE.name)], jobs=1)
+    # the backward's GEMMs read the gradients, each its own (merging those that share a right operand: not yet)
+    assert skipped.text is None and skipped.reason.startswith("no two of its "), skipped.reason
+    assert skipped.reason.endswith("of one kind read the same input")
     _gives_captured_outputs(fwd, lw.text)
     _gate_finds_it_correct(fwd, lw.text, tmp_path)
 
@@ -176,7 +190,8 @@ def test_the_profile_orders_the_rewrites_by_the_time_in_their_kernels_and_rules_
     gpu_like = prof(_kernel("triton_tem_fused_addmm_1", 0.4, headroom_ms=0.3), _kernel("extern_kernels.bmm", 1.0),
                     _kernel("triton_tem_fused_convolution_0", 0.5, headroom_ms=0.1))
     assert rewrites.ordered([PATCH, MERGE], gpu_like) == ([MERGE, PATCH], [])  # by headroom, not time
-    kept, skipped = rewrites.ordered([MERGE, PATCH], prof(_kernel("extern_kernels.mm", 0.2), _kernel("extern_kernels.bmm", 1.0)))
+    mm_only = prof(_kernel("extern_kernels.mm", 0.2), _kernel("extern_kernels.bmm", 1.0))
+    kept, skipped = rewrites.ordered([MERGE, PATCH], mm_only)
     assert kept == [MERGE] and [r for r, _ in skipped] == [PATCH] and "no time" in skipped[0][1]
     assert rewrites.ordered([MERGE, PATCH], None) == ([MERGE, PATCH], [])
     track = _Track(block_graph, profile=prof(_kernel("extern_kernels.mm", 0.2)))
@@ -187,7 +202,20 @@ def test_the_profile_orders_the_rewrites_by_the_time_in_their_kernels_and_rules_
 
 
 def test_the_profiles_kernel_patterns_match_library_calls_and_templates_but_not_batched_gemms():
-    assert [n for n in ("extern_kernels.mm", "extern_kernels.addmm", "triton_tem_fused_addmm_3", "triton_tem_fused_mm_0",
-                        "extern_kernels.bmm", "triton_tem_fused_bmm_0", "cpp_fused_mean_2")
-            if re.search(MERGE.kernels, n)] == ["extern_kernels.mm", "extern_kernels.addmm", "triton_tem_fused_addmm_3",
-                                                "triton_tem_fused_mm_0"]
+    gemms = ["extern_kernels.mm", "extern_kernels.addmm", "triton_tem_fused_addmm_3", "triton_tem_fused_mm_0"]
+    others = ["extern_kernels.bmm", "triton_tem_fused_bmm_0", "cpp_fused_mean_2", "extern_kernels.convolution"]
+    assert [n for n in gemms + others if re.search(MERGE.kernels, n)] == gemms
+    assert [n for n in gemms + others if re.search(PATCH.kernels, n)] == ["extern_kernels.convolution"]
+
+
+def test_graph_rewrites_combine_with_each_other_but_not_with_a_decomposition():
+    t = relower.Variant("t", {}, trace="topk-as-sort")
+    m = relower.Variant("m", {}, trace=MERGE.name)
+    p = relower.Variant("p", {"combo_kernels": True}, trace=PATCH.name)
+    assert relower.merge([m, t]) is None  # one usable variant: no combination
+    assert relower.merge([m, p, t]) == relower.Variant("m + p", {"combo_kernels": True},
+                                                       trace="merge-linears+patchify-conv")
+    assert relower._combined("merge-linears+patchify-conv", MERGE.name) == "merge-linears+patchify-conv"
+    assert relower._combined("topk-as-sort", "") == "topk-as-sort" and relower._combined(MERGE.name, "topk-as-sort") is None
+    assert rewrites.named("patchify-conv+merge-linears") == [PATCH, MERGE]
+    assert rewrites.named("topk-as-sort") == rewrites.named("merge-linears+topk-as-sort") == rewrites.named("") == []

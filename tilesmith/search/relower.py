@@ -201,14 +201,25 @@ def merge(variants: list[Variant]) -> Variant | None:
     patch: dict = {}
     used, trace = [], ""
     for v in variants:
-        if all(patch.get(k, val) == val for k, val in v.patch.items()) and (not v.trace or trace in ("", v.trace)):
+        both = _combined(trace, v.trace)
+        if all(patch.get(k, val) == val for k, val in v.patch.items()) and both is not None:
             patch.update(v.patch)
             used.append(v.label)
-            trace = trace or v.trace
+            trace = both
     if len(used) < 2:
         return None
     parts = [p for lab in used for p in lab.split(" + ")]  # labels of a later wave carry the accepted base
     return Variant(" + ".join(dict.fromkeys(parts)), patch, hopper=any(v.hopper for v in variants), trace=trace)
+
+
+def _combined(a: str, b: str) -> str | None:
+    """The trace of a variant with traces a and b ("" for none); None when they do not combine: two different
+    traces, unless both name graph rewrites (tilesmith/search/rewrites), which apply one after another."""
+    if not a or not b or a == b:
+        return a or b
+    if rewrites.named(a) and rewrites.named(b):
+        return "+".join(dict.fromkeys(a.split("+") + b.split("+")))
+    return None
 
 
 def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_budget_s: float = 3.0,
@@ -231,9 +242,10 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
     variants = _variants(track, cfg, chosen, configs)
     base = Variant("", {})  # the config accepted so far
     for wave in _waves(variants):
-        wave = [Variant(_joined(base.label, v.label), {**base.patch, **v.patch}, v.hopper, v.trace or base.trace)
+        wave = [Variant(_joined(base.label, v.label), {**base.patch, **v.patch}, v.hopper,
+                        _combined(base.trace, v.trace))
                 for v in wave if all(base.patch.get(k, val) == val for k, val in v.patch.items())
-                and (not v.trace or base.trace in ("", v.trace))]
+                and _combined(base.trace, v.trace) is not None]
         if not wave or track.expired():
             return
         winners = _wave_winners(track, wave, cfg, screen_budget_s, min_gain)

@@ -85,9 +85,10 @@ def lower(gdir: Path, patch: dict, trace: str = ""):
     op, table = TRACES.get(trace, ("", None))
     if op and op not in text:
         raise _NothingToRewrite(f"the graph calls no {op}")
-    graph_rewrite = rewrites.REWRITES.get(trace)
-    if graph_rewrite and not any(o in text for o in graph_rewrite.ops):
-        raise _NothingToRewrite(f"the graph calls no {' or '.join(o.rstrip('.') for o in graph_rewrite.ops)}")
+    graph_rewrites = rewrites.named(trace)
+    for r in graph_rewrites:
+        if not any(o in text for o in r.ops):
+            raise _NothingToRewrite(f"the graph calls no {' or '.join(o.rstrip('.') for o in r.ops)}")
     data = loading.load_graph_data(gdir)
     st = repro.status(text, data.constants)
     if not st.available:
@@ -104,9 +105,9 @@ def lower(gdir: Path, patch: dict, trace: str = ""):
     t0 = time.perf_counter()
     with torch.no_grad():
         gm = make_fx(mod, decomposition_table=table, tracing_mode="real")(*args)
-    if graph_rewrite:
+    for r in graph_rewrites:
         try:
-            gm = rewrites.apply(trace, gm, args)
+            gm = rewrites.apply(r.name, gm, args)
         except rewrites.NotApplicable as e:  # the precondition, read from the traced graph, does not hold
             raise _NothingToRewrite(str(e)) from None
     for n in gm.graph.nodes:  # Inductor names kernels after the aten ops they came from (descriptive_names)
@@ -163,7 +164,7 @@ def main(spec_file: str) -> dict:
     missing = missing_configs(patch)
     if missing:
         return {"ok": False, "reason": f"torch {torch.__version__} has no Inductor config {', '.join(missing)}"}
-    if trace not in ("", *TRACES, *rewrites.REWRITES):
+    if trace not in ("", *TRACES) and not rewrites.named(trace):
         return {"ok": False, "reason": f"no graph rewrite named {trace!r}"}
     try:
         src, secs = lower(gdir, patch, trace)

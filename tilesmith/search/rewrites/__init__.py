@@ -76,6 +76,13 @@ def ordered(rewrites: list[Rewrite], profile) -> tuple[list[Rewrite], list[tuple
     return kept, skipped
 
 
+def named(trace: str) -> list[Rewrite]:
+    """The graph rewrites a variant's trace names: one name, or several joined by "+" (applied in that order);
+    [] when it names anything else (a decomposition of relower_worker.TRACES) or nothing."""
+    names = trace.split("+") if trace else []
+    return [REWRITES[n] for n in names] if names and all(n in REWRITES for n in names) else []
+
+
 class NotApplicable(Exception):
     """The graph does not meet the rewrite's precondition; the message says why."""
 
