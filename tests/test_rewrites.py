@@ -194,6 +194,10 @@ def test_the_profile_orders_the_rewrites_by_the_time_in_their_kernels_and_rules_
     kept, skipped = rewrites.ordered([MERGE, PATCH], mm_only)
     assert kept == [MERGE] and [r for r, _ in skipped] == [PATCH] and "no time" in skipped[0][1]
     assert rewrites.ordered([MERGE, PATCH], None) == ([MERGE, PATCH], [])
+    tiny_conv = prof(_kernel("extern_kernels.mm", 0.5), _kernel("extern_kernels.convolution", 0.005))  # of 1 ms
+    kept, skipped = rewrites.ordered([MERGE, PATCH], tiny_conv, min_share=0.01)
+    assert kept == [MERGE] and [r for r, _ in skipped] == [PATCH] and "take 0.5% of the call" in skipped[0][1]
+    assert rewrites.ordered([MERGE, PATCH], tiny_conv, min_share=-1.0) == ([MERGE, PATCH], [])
     track = _Track(block_graph, profile=prof(_kernel("extern_kernels.mm", 0.2)))
     cfg = relower.RelowerConfig(enabled="auto", rewrites="1")
     assert relower._variants(track, cfg, [MERGE, PATCH], False) == [relower.Variant(MERGE.label, {}, trace=MERGE.name)]

@@ -239,7 +239,7 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
     if not ok:
         track.record({"kernel": WHOLE_GRAPH, "variant": "re-lowering", "median_ms": None, "error": why})
         return
-    variants = _variants(track, cfg, chosen, configs)
+    variants = _variants(track, cfg, chosen, configs, min_gain)
     base = Variant("", {})  # the config accepted so far
     for wave in _waves(variants):
         wave = [Variant(_joined(base.label, v.label), {**base.patch, **v.patch}, v.hopper,
@@ -258,12 +258,12 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
                 break
 
 
-def _variants(track, cfg: RelowerConfig, chosen: list, configs: bool) -> list[Variant]:
+def _variants(track, cfg: RelowerConfig, chosen: list, configs: bool, min_gain: float = 0.01) -> list[Variant]:
     """The variants to try: the graph rewrites `chosen` first (by the profile; those it rules out are recorded),
     then the config variants where `configs`; only those TILESMITH_RELOWER_ONLY keeps."""
     variants = cfg.variants if cfg.variants is not None else default_variants(track.graph)
     if chosen:
-        kept, skipped = rewrites.ordered(chosen, getattr(track, "profile", None))
+        kept, skipped = rewrites.ordered(chosen, getattr(track, "profile", None), min_share=min_gain)
         for r, why in skipped:
             track.record({"kernel": WHOLE_GRAPH, "variant": LABEL_PREFIX + r.label, "median_ms": None, "error": why})
         variants = [Variant(r.label, {}, trace=r.name) for r in kept] + (variants if configs else [])

@@ -59,19 +59,26 @@ def chosen(value: str) -> list[Rewrite]:
     return [REWRITES[n] for n in dict.fromkeys(names)]
 
 
-def ordered(rewrites: list[Rewrite], profile) -> tuple[list[Rewrite], list[tuple[Rewrite, str]]]:
+def ordered(rewrites: list[Rewrite], profile,
+            min_share: float = 0.0) -> tuple[list[Rewrite], list[tuple[Rewrite, str]]]:
     """(the rewrites to try, biggest first, and those not tried with why) by the baseline profile: each by the
-    roofline headroom (else the time) of the kernels it addresses. Without a profile: all, in the given order."""
+    roofline headroom (else the time) of the kernels it addresses. Not tried: one whose kernels take no time, or
+    no more than `min_share` of the call's wall time (removing them all would not gain what a variant must).
+    Without a profile: all, in the given order."""
     if profile is None or not getattr(profile, "kernels", None):
         return list(rewrites), []
     weight, skipped = {}, []
     for r in rewrites:
         ks = [k for k in profile.kernels if re.search(r.kernels, k.name)]
-        ms = sum(k.headroom_ms if k.headroom_ms is not None else k.time_ms for k in ks)
-        if not ks or sum(k.time_ms for k in ks) <= 0:
+        ms = sum(k.time_ms for k in ks)
+        share = ms / profile.wall_ms if profile.wall_ms else 1.0
+        if not ks or ms <= 0:
             skipped.append((r, f"the baseline profile shows no time in the kernels it addresses (/{r.kernels}/)"))
+        elif share <= min_share:
+            skipped.append((r, f"its kernels (/{r.kernels}/) take {share:.1%} of the call: removing them all would "
+                               f"not gain the {min_share:.0%} a variant must"))
         else:
-            weight[r.name] = ms
+            weight[r.name] = sum(k.headroom_ms if k.headroom_ms is not None else k.time_ms for k in ks)
     kept = sorted((r for r in rewrites if r.name in weight), key=lambda r: -weight[r.name])
     return kept, skipped
 
