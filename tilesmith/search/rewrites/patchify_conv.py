@@ -29,6 +29,8 @@ def _val(n):
 
 def _why_not(n) -> str:
     """Why the aten.convolution node `n` is not a patch embedding this rewrite handles; "" when it is."""
+    if len(n.args) != 9 or n.kwargs:
+        return "arguments not as aten.convolution.default spells them"
     x, w, _, stride, padding, dilation, transposed, _, groups = n.args
     xv, wv = _val(x), _val(w)
     if xv is None or wv is None or xv.dim() != 4 or wv.dim() != 4:
