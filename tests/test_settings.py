@@ -42,6 +42,7 @@ def test_unset_settings_take_their_documented_defaults():
                                                                                              "auto", "")
     assert (s.model, s.gate_spares, s.native_dir, s.model_wait_s, s.verify, s.debug) == (None, None, None, "60", "",
                                                                                          False)
+    assert s.rewrites == ""  # the tuner's graph rewrites are off unless TILESMITH_REWRITES turns them on
 
 
 def test_a_bad_choice_is_a_usage_error_only_where_that_setting_is_used():

@@ -27,7 +27,7 @@ VARIABLES = {
     "verify": "TILESMITH_VERIFY", "model": "TILESMITH_MODEL", "model_wait_s": "TILESMITH_MODEL_WAIT_S",
     "web_search": "TILESMITH_WEB_SEARCH", "sandbox": "TILESMITH_SANDBOX", "fork_workers": "TILESMITH_FORK_WORKERS",
     "gate_spares": "TILESMITH_GATE_SPARES", "relower": "TILESMITH_RELOWER", "relower_only": "TILESMITH_RELOWER_ONLY",
-    "native_dir": "TILESMITH_NATIVE_DIR", "debug": "TILESMITH_DEBUG",
+    "native_dir": "TILESMITH_NATIVE_DIR", "debug": "TILESMITH_DEBUG", "rewrites": "TILESMITH_REWRITES",
 }
 
 
@@ -52,6 +52,7 @@ class Settings:
     relower_only: str  # comma-separated words; "" keeps every variant
     native_dir: str | None  # where the replay's C address check is built; None or "" for the default
     debug: bool  # the CLI prints the traceback of an unexpected error (any non-empty value)
+    rewrites: str  # the tuner's graph rewrites: "" (off, the default), 1/all, or names (search/rewrites reads it)
 
     @property
     def sandbox_mode(self) -> str:
@@ -82,7 +83,8 @@ def current(environ=None) -> Settings:
         model_wait_s=raw["model_wait_s"] if raw["model_wait_s"] is not None else "60",
         web_search=_word(raw["web_search"]), sandbox=_word(raw["sandbox"]), fork_workers=_word(raw["fork_workers"]),
         gate_spares=raw["gate_spares"], relower=raw["relower"] if raw["relower"] is not None else "auto",
-        relower_only=raw["relower_only"] or "", native_dir=raw["native_dir"], debug=bool(raw["debug"]))
+        relower_only=raw["relower_only"] or "", native_dir=raw["native_dir"], debug=bool(raw["debug"]),
+        rewrites=(raw["rewrites"] or "").strip())
 
 
 def _switch(value: str | None) -> bool:

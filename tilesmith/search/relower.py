@@ -9,7 +9,9 @@ The variants that screen faster are merged into one combined config, which is lo
 too; the best goes to the gate, then the singles in order of gain. Variants that compile in seconds
 go first; those that autotune GEMMs (minutes) form a second wave on top of what the first accepted.
 A variant that does not compile, names a config this torch lacks, or changes the ABI is skipped and
-its reason recorded.
+its reason recorded. With TILESMITH_REWRITES set (off by default), the graph rewrites of
+tilesmith/search/rewrites come first, as variants of their own, in the order of the time the baseline profile
+puts in the kernels they address; where re-lowering is off by `auto` (CPU graphs) they are its only variants.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from tilesmith import settings
 from tilesmith.launch import sandbox
 from tilesmith.capture import repro
+from tilesmith.search import rewrites
 from tilesmith.search.graphed import GRAPHED_IMPORT, REPLAYED_SUFFIX, graphed_text
 from tilesmith.workspace import Graph, graph_devices
 
@@ -100,6 +103,8 @@ class RelowerConfig:
     variants: list[Variant] | None = None  # None: GPU_VARIANTS or CPU_VARIANTS by the graph's device
     # TILESMITH_RELOWER_ONLY="combo,pdl": keep only variants whose label contains one of these words
     only: str = field(default_factory=lambda: settings.current().relower_only)
+    # TILESMITH_REWRITES: graph rewrites (tilesmith/search/rewrites) tried as variants too; "" for none (the default)
+    rewrites: str = field(default_factory=lambda: settings.current().rewrites)
 
 
 def available(graph: Graph) -> tuple[bool, str]:
@@ -114,10 +119,13 @@ def available(graph: Graph) -> tuple[bool, str]:
     return True, ""
 
 
+_OFF = ("0", "off", "false")
+
+
 def enabled(graph: Graph, cfg: RelowerConfig) -> bool:
-    """TILESMITH_RELOWER=1/0 forces it; auto: CUDA graphs only (on CPU the C++ knobs rarely pay for
-    their compile time)."""
-    if cfg.enabled in ("0", "off", "false"):
+    """Whether the config variants are tried. TILESMITH_RELOWER=1/0 forces it; auto: CUDA graphs only (on CPU
+    the C++ knobs rarely pay for their compile time)."""
+    if cfg.enabled in _OFF:
         return False
     if cfg.enabled in ("1", "on", "true"):
         return True
@@ -193,14 +201,25 @@ def merge(variants: list[Variant]) -> Variant | None:
     patch: dict = {}
     used, trace = [], ""
     for v in variants:
-        if all(patch.get(k, val) == val for k, val in v.patch.items()) and (not v.trace or trace in ("", v.trace)):
+        both = _combined(trace, v.trace)
+        if all(patch.get(k, val) == val for k, val in v.patch.items()) and both is not None:
             patch.update(v.patch)
             used.append(v.label)
-            trace = trace or v.trace
+            trace = both
     if len(used) < 2:
         return None
     parts = [p for lab in used for p in lab.split(" + ")]  # labels of a later wave carry the accepted base
     return Variant(" + ".join(dict.fromkeys(parts)), patch, hopper=any(v.hopper for v in variants), trace=trace)
+
+
+def _combined(a: str, b: str) -> str | None:
+    """The trace of a variant with traces a and b ("" for none); None when they do not combine: two different
+    traces, unless both name graph rewrites (tilesmith/search/rewrites), which apply one after another."""
+    if not a or not b or a == b:
+        return a or b
+    if rewrites.named(a) and rewrites.named(b):
+        return "+".join(dict.fromkeys(a.split("+") + b.split("+")))
+    return None
 
 
 def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_budget_s: float = 3.0,
@@ -212,20 +231,21 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
     it. Every variant, screened or skipped, is recorded through track.record(). replayed: each candidate
     goes to the gate replayed by tilesmith.cudagraph (tuner.replay_near_even), as the screen timed it."""
     cfg = cfg or RelowerConfig()
-    if not enabled(track.graph, cfg) or track.expired():
+    chosen = rewrites.chosen(cfg.rewrites)  # [] unless TILESMITH_REWRITES is set: then all is as without them
+    configs = enabled(track.graph, cfg)
+    if not (configs or (chosen and cfg.enabled not in _OFF)) or track.expired():
         return
     ok, why = available(track.graph)
     if not ok:
         track.record({"kernel": WHOLE_GRAPH, "variant": "re-lowering", "median_ms": None, "error": why})
         return
-    variants = cfg.variants if cfg.variants is not None else default_variants(track.graph)
-    words = [w.strip().lower() for w in cfg.only.split(",") if w.strip()]
-    variants = [v for v in variants if not words or any(w in v.label.lower() for w in words)]
+    variants = _variants(track, cfg, chosen, configs, min_gain)
     base = Variant("", {})  # the config accepted so far
     for wave in _waves(variants):
-        wave = [Variant(_joined(base.label, v.label), {**base.patch, **v.patch}, v.hopper, v.trace or base.trace)
+        wave = [Variant(_joined(base.label, v.label), {**base.patch, **v.patch}, v.hopper,
+                        _combined(base.trace, v.trace))
                 for v in wave if all(base.patch.get(k, val) == val for k, val in v.patch.items())
-                and (not v.trace or base.trace in ("", v.trace))]
+                and _combined(base.trace, v.trace) is not None]
         if not wave or track.expired():
             return
         winners = _wave_winners(track, wave, cfg, screen_budget_s, min_gain)
@@ -236,6 +256,19 @@ def search(track, make_candidate, cfg: RelowerConfig | None = None, *, screen_bu
             if verdict and verdict.get("accepted"):
                 base = lw.variant
                 break
+
+
+def _variants(track, cfg: RelowerConfig, chosen: list, configs: bool, min_gain: float = 0.01) -> list[Variant]:
+    """The variants to try: the graph rewrites `chosen` first (by the profile; those it rules out are recorded),
+    then the config variants where `configs`; only those TILESMITH_RELOWER_ONLY keeps."""
+    variants = cfg.variants if cfg.variants is not None else default_variants(track.graph)
+    if chosen:
+        kept, skipped = rewrites.ordered(chosen, getattr(track, "profile", None), min_share=min_gain)
+        for r, why in skipped:
+            track.record({"kernel": WHOLE_GRAPH, "variant": LABEL_PREFIX + r.label, "median_ms": None, "error": why})
+        variants = [Variant(r.label, {}, trace=r.name) for r in kept] + (variants if configs else [])
+    words = [w.strip().lower() for w in cfg.only.split(",") if w.strip()]
+    return [v for v in variants if not words or any(w in v.label.lower() for w in words)]
 
 
 def _waves(variants: list[Variant]) -> list[list[Variant]]:

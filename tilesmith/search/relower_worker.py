@@ -18,6 +18,7 @@ import torch
 from tilesmith import source
 from tilesmith.capture import loading
 from tilesmith.capture import repro
+from tilesmith.search import rewrites
 from tilesmith.workspace import WRAPPER_FILE
 
 _CONST_DECL = re.compile(r"^(\w+) = None  # device\(", re.M)
@@ -75,15 +76,19 @@ TRACES = {"topk-as-sort": ("aten.topk", {torch.ops.aten.topk.default: _topk_as_s
 
 def lower(gdir: Path, patch: dict, trace: str = ""):
     """(new wrapper source, seconds): the stored repro lowered by compile_fx_inner under `patch`, traced
-    with the rewrite `trace` names (TRACES) first."""
+    with the rewrite `trace` names (TRACES, or a graph rewrite of tilesmith/search/rewrites) first."""
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.utils import BoxedBool
     from torch.fx.experimental.proxy_tensor import make_fx
 
     text = repro.clean((gdir / repro.REPRO_FILE).read_text())
-    op, table = TRACES[trace] if trace else ("", None)
+    op, table = TRACES.get(trace, ("", None))
     if op and op not in text:
         raise _NothingToRewrite(f"the graph calls no {op}")
+    graph_rewrites = rewrites.named(trace)
+    for r in graph_rewrites:
+        if not any(o in text for o in r.ops):
+            raise _NothingToRewrite(f"the graph calls no {' or '.join(o.rstrip('.') for o in r.ops)}")
     data = loading.load_graph_data(gdir)
     st = repro.status(text, data.constants)
     if not st.available:
@@ -100,6 +105,11 @@ def lower(gdir: Path, patch: dict, trace: str = ""):
     t0 = time.perf_counter()
     with torch.no_grad():
         gm = make_fx(mod, decomposition_table=table, tracing_mode="real")(*args)
+    for r in graph_rewrites:
+        try:
+            gm = rewrites.apply(r.name, gm, args)
+        except rewrites.NotApplicable as e:  # the precondition, read from the traced graph, does not hold
+            raise _NothingToRewrite(str(e)) from None
     for n in gm.graph.nodes:  # Inductor names kernels after the aten ops they came from (descriptive_names)
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
             n.meta.setdefault("original_aten", n.target)
@@ -154,7 +164,7 @@ def main(spec_file: str) -> dict:
     missing = missing_configs(patch)
     if missing:
         return {"ok": False, "reason": f"torch {torch.__version__} has no Inductor config {', '.join(missing)}"}
-    if trace not in ("", *TRACES):
+    if trace not in ("", *TRACES) and not rewrites.named(trace):
         return {"ok": False, "reason": f"no graph rewrite named {trace!r}"}
     try:
         src, secs = lower(gdir, patch, trace)
