@@ -96,6 +96,7 @@ def one_run(ws: Path, ray_address: str | None, gate_budget_s: float) -> dict:
 
     home = tempfile.mkdtemp(prefix="tilesmith-makespan-home-")
     os.environ["TILESMITH_HOME"] = home
+    load_before = os.getloadavg()[0]  # the machine's other work shows here (the cores are shared)
     t0 = time.monotonic()
     r = opt.optimize(ws, opt.OptimizeSettings(optimizer="tuner", gate_time_budget_s=gate_budget_s, ray=ray_address))
     wall = time.monotonic() - t0
@@ -111,7 +112,8 @@ def one_run(ws: Path, ray_address: str | None, gate_budget_s: float) -> dict:
                          "verdicts": [[v.get("label"), "accepted" if v.get("accepted") else v.get("stage")]
                                       for v in verdicts]}
     shutil.rmtree(home, ignore_errors=True)
-    return {"status": r.status, "makespan_s": round(wall, 1), "tracks": tracks}
+    return {"status": r.status, "makespan_s": round(wall, 1), "load_1min": [load_before, os.getloadavg()[0]],
+            "tracks": tracks}
 
 
 def main() -> None:
@@ -125,6 +127,7 @@ def main() -> None:
     # A loopback cluster of this benchmark's own: no token written into ~/.ray (Ray's default for a new local
     # instance), which the next `ray start` on this machine would then require.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="tilesmith-makespan-"))
@@ -147,15 +150,16 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     keys = sorted({k for res in results.values() for k in res["tracks"]})
     print(f"{len(keys)} graphs; gate budget {a.gate_budget_s:g} s per pass; {os.cpu_count()} cores; "
-          f"torch {torch.__version__}, Python {platform.python_version()}")
-    print("| configuration | makespan s | " + " | ".join(k[:8] for k in keys) + " |")
-    print("|---|---|" + "---|" * len(keys))
+          f"torch {torch.__version__}, ray {ray.__version__}, Python {platform.python_version()}")
+    print("| configuration | makespan s | load avg at start, end | " + " | ".join(k[:8] for k in keys) + " |")
+    print("|---|---|---|" + "---|" * len(keys))
     for name, res in results.items():
         cells = []
         for k in keys:
             t = res["tracks"][k]
             cells.append(f"{t['status']} {t['speedup']:.2f}x" if t["speedup"] else t["status"])
-        print(f"| {name} | {res['makespan_s']} | " + " | ".join(cells) + " |")
+        load = ", ".join(f"{x:.1f}" for x in res["load_1min"])
+        print(f"| {name} | {res['makespan_s']} | {load} | " + " | ".join(cells) + " |")
     print("\nDecisions: the candidates the gate accepted, in order (of how many judged)")
     print("| graph | " + " | ".join(results) + " | same |")
     print("|---|" + "---|" * len(results) + "---|")
