@@ -110,7 +110,9 @@ def one_run(ws: Path, ray_address: str | None, gate_budget_s: float) -> dict:
                          "speedup": t.speedup, "speedup_low": t.speedup_low, "baseline_ms": t.baseline_ms,
                          "rejected_by_stage": t.rejected_by_stage, "where": where.get("where", "this process"),
                          "verdicts": [[v.get("label"), "accepted" if v.get("accepted") else v.get("stage")]
-                                      for v in verdicts]}
+                                      for v in verdicts],
+                         "reasons": [[f"{x.get('code')}: {x.get('message')}"[:300] for x in v.get("reasons") or []]
+                                     for v in verdicts]}
     shutil.rmtree(home, ignore_errors=True)
     return {"status": r.status, "makespan_s": round(wall, 1), "load_1min": [load_before, os.getloadavg()[0]],
             "tracks": tracks}
