@@ -4,9 +4,10 @@
 
 The graphs of the workspaces go into one workspace (copied). For each slot count a Ray head on loopback with that
 many CPUs (`ray start --head --num-cpus N --block`: one task slot per CPU, each CPU graph's task asks for one)
-runs `tilesmith optimize --ray ADDRESS --optimizer tuner` in a fresh TILESMITH_HOME, then stops. `--local` adds
-the same run without Ray (the run's own process, one track at a time, all cores). Prints the makespan per
-configuration and each graph's decision in each; writes JSON. Needs `pip install 'tilesmith[ray]'`.
+runs `tilesmith optimize --ray ADDRESS --optimizer tuner` in a fresh TILESMITH_HOME and a fresh Inductor cache,
+then stops. `--local` adds the same run without Ray (the run's own process, one track at a time, all cores).
+Prints the makespan per configuration and each graph's decision in each (the candidates the gate accepted);
+writes JSON. Needs `pip install 'tilesmith[ray]'`.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def merged(dest: Path, sources: list[str]) -> Path:
     return dest
 
 
+def fresh_compile_cache(work: Path, name: str) -> None:
+    """An empty Inductor cache for one configuration: the variants one configuration compiled would otherwise be
+    cache hits for the next, and the configuration run later would look faster."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"inductor-cache-{name}")
+
+
 def start_head(slots: int, tmp: str) -> tuple[subprocess.Popen, str]:
     """A one-node Ray cluster with `slots` CPUs; (its `ray start --block` process, its address)."""
     names = ("node-manager", "object-manager", "metrics-export", "runtime-env-agent", "dashboard-agent-listen",
@@ -89,18 +96,26 @@ def one_run(ws: Path, ray_address: str | None, gate_budget_s: float) -> dict:
 
     home = tempfile.mkdtemp(prefix="tilesmith-makespan-home-")
     os.environ["TILESMITH_HOME"] = home
+    load_before = os.getloadavg()[0]  # the machine's other work shows here (the cores are shared)
     t0 = time.monotonic()
     r = opt.optimize(ws, opt.OptimizeSettings(optimizer="tuner", gate_time_budget_s=gate_budget_s, ray=ray_address))
     wall = time.monotonic() - t0
     tracks = {}
     for t in r.tracks:
-        f = runs.track_dir(r.run_id, t.key) / "placement.json"
-        where = json.loads(f.read_text()) if f.exists() else {}
+        tdir = runs.track_dir(r.run_id, t.key)
+        where = json.loads((tdir / "placement.json").read_text()) if (tdir / "placement.json").exists() else {}
+        # The decisions themselves: each candidate the gate judged (its label, accepted or the stage that rejected it).
+        verdicts = [json.loads(v.read_text()) for v in sorted((tdir / "profiles").glob("verdict_*.json"))]
         tracks[t.key] = {"status": t.status, "loops_done": t.loops_done, "candidates": t.candidates,
                          "speedup": t.speedup, "speedup_low": t.speedup_low, "baseline_ms": t.baseline_ms,
-                         "rejected_by_stage": t.rejected_by_stage, "where": where.get("where", "this process")}
+                         "rejected_by_stage": t.rejected_by_stage, "where": where.get("where", "this process"),
+                         "verdicts": [[v.get("label"), "accepted" if v.get("accepted") else v.get("stage")]
+                                      for v in verdicts],
+                         "reasons": [[f"{x.get('code')}: {x.get('message')}"[:300] for x in v.get("reasons") or []]
+                                     for v in verdicts]}
     shutil.rmtree(home, ignore_errors=True)
-    return {"status": r.status, "makespan_s": round(wall, 1), "tracks": tracks}
+    return {"status": r.status, "makespan_s": round(wall, 1), "load_1min": [load_before, os.getloadavg()[0]],
+            "tracks": tracks}
 
 
 def main() -> None:
@@ -114,15 +129,18 @@ def main() -> None:
     # A loopback cluster of this benchmark's own: no token written into ~/.ray (Ray's default for a new local
     # instance), which the next `ray start` on this machine would then require.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="tilesmith-makespan-"))
     ws = merged(work / "ws", a.workspaces)
     results = {}
     if a.local:
+        fresh_compile_cache(work, "local")
         results["local"] = one_run(ws, None, a.gate_budget_s)
         print(f"local: {results['local']['makespan_s']} s", flush=True)
     for n in a.slots:
+        fresh_compile_cache(work, f"ray-{n}")  # before the head starts: its workers, and their tracks, inherit it
         tmp = tempfile.mkdtemp(prefix="tsray-", dir="/tmp")
         head, address = start_head(n, tmp)
         try:
@@ -134,15 +152,26 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     keys = sorted({k for res in results.values() for k in res["tracks"]})
     print(f"{len(keys)} graphs; gate budget {a.gate_budget_s:g} s per pass; {os.cpu_count()} cores; "
-          f"torch {torch.__version__}, Python {platform.python_version()}")
-    print("| configuration | makespan s | " + " | ".join(k[:8] for k in keys) + " |")
-    print("|---|---|" + "---|" * len(keys))
+          f"torch {torch.__version__}, ray {ray.__version__}, Python {platform.python_version()}")
+    print("| configuration | makespan s | load avg at start, end | " + " | ".join(k[:8] for k in keys) + " |")
+    print("|---|---|---|" + "---|" * len(keys))
     for name, res in results.items():
         cells = []
         for k in keys:
             t = res["tracks"][k]
             cells.append(f"{t['status']} {t['speedup']:.2f}x" if t["speedup"] else t["status"])
-        print(f"| {name} | {res['makespan_s']} | " + " | ".join(cells) + " |")
+        load = ", ".join(f"{x:.1f}" for x in res["load_1min"])
+        print(f"| {name} | {res['makespan_s']} | {load} | " + " | ".join(cells) + " |")
+    print("\nDecisions: the candidates the gate accepted, in order (of how many judged)")
+    print("| graph | " + " | ".join(results) + " | same |")
+    print("|---|" + "---|" * len(results) + "---|")
+    for k in keys:
+        row = []
+        for res in results.values():
+            v = res["tracks"][k]["verdicts"]
+            row.append(", ".join(label for label, what in v if what == "accepted") or "none")
+            row[-1] += f" ({len(v)})"
+        print(f"| {k[:8]} | " + " | ".join(row) + f" | {'yes' if len(set(row)) == 1 else 'no'} |")
     if a.out:
         a.out.write_text(json.dumps({"graphs": keys, "gate_budget_s": a.gate_budget_s, "cores": os.cpu_count(),
                                      "results": results}, indent=2))
