@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from tests import gate_helpers as h
 from tilesmith import paths
 from tilesmith.report import TOP_KERNELS, build_report
+from tilesmith.report.build import tried_text
 from tilesmith_cli.app import app
 
 runner = CliRunner()
@@ -112,6 +113,14 @@ def test_report_of_an_optimize_run_matches_what_the_run_wrote_and_lists_ineligib
     assert g.top_kernels and g.top_kernels[0].time_ms >= g.top_kernels[-1].time_ms
     variants = (tdir / "profiles" / "tuner_variants.jsonl")
     assert g.variants_screened == (len(variants.read_text().splitlines()) if variants.exists() else 0)
+    screened = [json.loads(line) for line in variants.read_text().splitlines()] if variants.exists() else []
+    for k in g.top_kernels:  # each top kernel says what the tuner's screen made of its variants
+        mine = [v for v in screened if v["kernel"] == k.name]
+        ran = [v for v in mine if v.get("median_ms") and v.get("current_ms")]
+        assert k.tried == tried_text(mine) and (k.tried == "not tried") == (not mine)
+        if ran:
+            best = max(v["current_ms"] / v["median_ms"] for v in ran)
+            assert k.tried.startswith(f"{len(ran)} variant(s) screened") and f"at {best:.3f}x the call" in k.tried
     assert g.model_calls is None  # no agent ran
     assert len(r.candidates) == g.candidates
     for c in r.candidates:
@@ -448,3 +457,13 @@ def test_report_says_how_far_the_accepted_samples_fell_short_of_the_windows_the_
     vf = next((real_runs.home / "runs" / real_runs.submit_id).glob("*/profiles/verdict_*.json"))
     t = (lambda v: (v.get("confirmation") or v["first"])["timing"])(_jsonfile(vf))
     assert t["window_short_original_us"] > 0 and f"the original's {t['window_short_original_us']:.0f} us" in notes[0]
+
+
+def test_what_the_tuner_tried_on_a_kernel_reads_its_screened_variants():
+    rows = [{"kernel": "k", "variant": "XBLOCK=64", "median_ms": 2.0, "current_ms": 2.2},
+            {"kernel": "k", "variant": "XBLOCK=256", "median_ms": 2.5, "current_ms": 2.2},
+            {"kernel": "k", "variant": "num_warps=16", "median_ms": None, "current_ms": 2.2, "error": "out of resources"}]
+    assert tried_text(rows) == "2 variant(s) screened, best XBLOCK=64 at 1.100x the call; 1 did not run (out of resources)"
+    assert tried_text(rows[1:2]) == "1 variant(s) screened, best XBLOCK=256 at 0.880x the call: none faster"
+    assert tried_text([]) == "not tried"
+

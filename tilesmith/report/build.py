@@ -108,7 +108,8 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
         notes.append(f"accepted samples timed by the gate's own clock (kernel timestamps of each window's marks): the "
                      f"candidate worker's own numbers fell {_f(w.get('window_short_us')) or 0.0:.0f} us short of them "
                      f"(median), the original's {_f(w.get('window_short_original_us')) or 0.0:.0f} us; its windows "
-                     f"opened {late:.0f} us later after their requests than the original's (median), charged to it")
+                     f"opened {abs(late):.0f} us {'later' if late >= 0 else 'sooner'} after their requests than the "
+                     "original's (median; the span before a window is reported, not charged: gate/windows.py)")
     if note := _nonfinite_note([v for _, v, _ in verdicts if v.get("accepted")]):
         notes.append(note)
     if mode == rs.CUDAGRAPHS and bmode == "launch":
@@ -123,6 +124,9 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
         lo, hi = _cached_interval(cached, notes)
     best_ms = baseline_ms / sp if baseline_ms and sp else None
     kernels, other_ms, kernel_ms, overhead_ms = _kernels(prof, notes)
+    screened = _jsonl(tdir / "profiles" / "tuner_variants.jsonl")
+    for k in kernels:
+        k.tried = tried_text([v for v in screened if v.get("kernel") == k.name])
     pr = prof if isinstance(prof, dict) else {}
     return GraphReport(profile_class=str(pr.get("klass") or ""), gap_ms=_f(pr.get("gap_ms")),
         headroom_ms=_f(pr.get("headroom_ms")), ceilings=_ceilings_text(pr.get("ceilings")),
@@ -241,6 +245,37 @@ def _kernels(prof, notes: list[str]):
     rows.sort(key=lambda k: -k.time_ms)
     other = float(sum(k.time_ms for k in rows[TOP_KERNELS:]))
     return rows[:TOP_KERNELS], other, _f(prof.get("kernel_ms")), _f(prof.get("launch_overhead_ms"))
+
+
+def tried_text(variants: list[dict]) -> str:
+    """What the tuner's screen made of one kernel's variants (its rows of tuner_variants.jsonl): how many ran and
+    the best against the current source on the whole call, how many did not run and why (the first error)."""
+    if not variants:
+        return "not tried"
+    ran = [v for v in variants if _num(v.get("median_ms")) and _num(v.get("current_ms")) and v["median_ms"] > 0]
+    parts = []
+    if ran:
+        best = max(ran, key=lambda v: v["current_ms"] / v["median_ms"])
+        x = best["current_ms"] / best["median_ms"]
+        parts.append(f"{len(ran)} variant(s) screened, best {best.get('variant')} at {x:.3f}x the call"
+                     + ("" if x > 1 else ": none faster"))
+    if len(ran) < len(variants):
+        error = next((str(v["error"]) for v in variants if v not in ran and v.get("error")), "")
+        parts.append(f"{len(variants) - len(ran)} did not run" + (f" ({error[:80]})" if error else ""))
+    return "; ".join(parts)
+
+
+def _jsonl(f: Path) -> list[dict]:
+    """The dict lines of a JSON-lines file (a line cut off by a killed run is skipped); [] when there is none."""
+    rows = []
+    for line in f.read_text(errors="replace").splitlines() if f.exists() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def _site(sites) -> str:

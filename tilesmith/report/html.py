@@ -257,7 +257,7 @@ def _kernel_tables(r: Report) -> str:
                 f"{_td('share', k.share, f'{100 * k.share:.1f} %')}"
                 f"{_td('gbps', k.gbps, rate_text(k.gbps, k.bw_frac, True))}{_td('tflops', k.tflops, rate_text(k.tflops, k.flop_frac))}"
                 f"<td>{_e(k.klass or '-')}</td>{_td('headroom_ms', k.headroom_ms, _fmt(k.headroom_ms, 4))}"
-                f"<td><code>{_e(k.site)}</code></td></tr>" for k in g.top_kernels]
+                f"<td><code>{_e(k.site)}</code></td><td>{_e(k.tried or '-')}</td></tr>" for k in g.top_kernels]
         gap = f", device idle between kernels {_fmt(g.gap_ms, 4)} ms" if g.gap_ms is not None else ""
         out.append(f"<h3><code>{_e(g.key[:12])}</code> <span class='muted'>{_e(g.kind)}: kernels {_fmt(g.kernel_ms, 4)} ms, "
                    f"launch overhead {_fmt(g.launch_overhead_ms, 4)} ms{_e(gap)}"
@@ -265,7 +265,8 @@ def _kernel_tables(r: Report) -> str:
         if g.ceilings:
             out.append(f"<p class='muted'>ceilings: {_e(g.ceilings)}. {_e(g.counters)}</p>")
         out.append(_table(f"kernels-{g.key[:12]}", ["kernel", "kind", "calls", "ms per call", "share", BANDWIDTH_COLUMN,
-                                                    "TFLOP/s (of peak)", "class", "headroom ms", "wrapper line"], rows))
+                                                    "TFLOP/s (of peak)", "class", "headroom ms", "wrapper line",
+                                                    "the tuner tried"], rows))
         if any((k.bw_frac or 0) > 1 for k in g.top_kernels):
             out.append(f"<p class='muted'>{_e(BANDWIDTH_NOTE)}.</p>")
     return "".join(out)

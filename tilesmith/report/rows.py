@@ -23,6 +23,7 @@ class KernelRow:
     headroom_ms: float | None = None  # time above the roofline bound
     klass: str = ""  # latency | memory | compute | unknown
     site: str = ""  # the wrapper line that launches it ("L338: extern_kernels.addmm(...)"), first of several
+    tried: str = ""  # what the tuner's screen made of this kernel's variants (build.tried_text); "" before a run
 
 
 # The GB/s column's peak is the device memory's, measured with a copy far larger than the last-level cache

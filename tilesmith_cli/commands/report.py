@@ -54,12 +54,12 @@ def _render(r) -> None:
                                                      "speedup [interval]", "loops", "tried", "rejected", "model calls"], rows))
     kernels = [(g, k) for g in r.graphs for k in g.top_kernels[:3]]
     rows = [[g.key[:12], k.name, k.kind, k.calls, f"{k.time_ms:.4f}", f"{100 * k.share:.1f}%",
-             rate_text(k.gbps, k.bw_frac, True), rate_text(k.tflops, k.flop_frac), k.klass or "-", _f(k.headroom_ms, 4)]
+             rate_text(k.gbps, k.bw_frac, True), rate_text(k.tflops, k.flop_frac), k.klass or "-", _f(k.headroom_ms, 4), k.tried or "-"]
             for g, k in kernels]
     if rows:
         out.print(console.table("top kernels (baseline profile)", ["graph", "kernel", "kind", "calls", "ms", "share",
                                                                    BANDWIDTH_COLUMN, "TFLOP/s (of peak)", "class",
-                                                                   "headroom ms"], rows))
+                                                                   "headroom ms", "the tuner tried"], rows))
     if any((k.bw_frac or 0) > 1 for _, k in kernels):
         out.print(f"[dim]{BANDWIDTH_NOTE}[/dim]", markup=True)
     for g in r.graphs:
