@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=100, help="decisions per kind (fewer if --budget-s runs out)")
     ap.add_argument("--win", type=float, default=1.4, help="the genuine win: the baseline copy runs this much longer")
     ap.add_argument("--slower", type=float, default=0.85, help="the slower candidate's speed against the original")
-    ap.add_argument("--budget-s", type=float, default=3600.0, help="wall seconds for the decisions, all kinds")
+    ap.add_argument("--budget-s", type=float, default=3600.0, help="wall seconds for the decisions: no round of the three kinds starts after it")
     ap.add_argument("--time-budget", type=float, default=None, help="timing seconds per gate pass (default: the gate's)")
     ap.add_argument("--graph", type=Path, help="a captured graph dir (default: capture examples/inference.py, CPU)")
     ap.add_argument("--out", type=Path)
@@ -110,18 +110,15 @@ def main() -> None:
     hogs = start_hogs(a.hogs)
     start = time.monotonic()
     try:
-        for i in range(a.trials):
+        for i in range(a.trials):  # whole rounds: every kind gets as many decisions
+            if time.monotonic() - start > a.budget_s:
+                break
             for kind, (g, cand) in kinds.items():
-                if time.monotonic() - start > a.budget_s:
-                    break
                 r = decide(g, cand, 1000 + i, a.time_budget)
                 rows[kind].append(r)
                 print(f"  {kind} {i + 1}: {'ACCEPT' if r['accepted'] else 'reject'} at {r['stage']} "
                       f"{','.join(r['codes'])} speedup {r['speedup'] or float('nan'):.3f} "
                       f"low {r['low'] or float('nan'):.3f} ({r['wall_s']} s)", file=sys.stderr)
-            else:
-                continue
-            break
     finally:
         stop_hogs(hogs)
     results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",

@@ -97,21 +97,7 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
         baseline_ms, source, bmode = float(t["baseline_ms"]), "profile", "launch"
     elif gate:  # no profile (e.g. a submit run)
         baseline_ms, source, bmode = float(gate["baseline_ms"]), "gate", str(gate.get("mode") or "launch")
-    gap_us = max((_f(_timing(v).get("gap_us")) or 0.0 for _, v, _ in verdicts), default=0.0)
-    if gap_us:
-        notes.append(f"timed as the program runs it: {gap_us:.1f} us of the program's own host time (measured "
-                     "at capture) before each timed call, original and candidate alike")
-    marked = [_timing(v) for _, v, _ in verdicts if v.get("accepted") and _timing(v).get("window_short_original_us")]
-    if marked:  # the deciding process's own clock (gate/windows.py)
-        w = max(marked, key=lambda x: _f(x.get("window_short_us")) or 0.0)
-        late = (_f(w.get("before_window_us")) or 0.0) - (_f(w.get("before_window_original_us")) or 0.0)
-        notes.append(f"accepted samples timed by the gate's own clock (kernel timestamps of each window's marks): the "
-                     f"candidate worker's own numbers fell {_f(w.get('window_short_us')) or 0.0:.0f} us short of them "
-                     f"(median), the original's {_f(w.get('window_short_original_us')) or 0.0:.0f} us; its windows "
-                     f"opened {abs(late):.0f} us {'later' if late >= 0 else 'sooner'} after their requests than the "
-                     "original's (median; the span before a window is reported, not charged: gate/windows.py)")
-    if note := _nonfinite_note([v for _, v, _ in verdicts if v.get("accepted")]):
-        notes.append(note)
+    notes += _timing_notes(verdicts)
     if mode == rs.CUDAGRAPHS and bmode == "launch":
         notes.append("compiled with CUDA graphs, but no verdict timed Inductor's replay of the original: "
                      "the baseline (and best) here are plain launches")
@@ -123,10 +109,7 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
         sp = float(cached["speedup"])
         lo, hi = _cached_interval(cached, notes)
     best_ms = baseline_ms / sp if baseline_ms and sp else None
-    kernels, other_ms, kernel_ms, overhead_ms = _kernels(prof, notes)
-    screened = _jsonl(tdir / "profiles" / "tuner_variants.jsonl")
-    for k in kernels:
-        k.tried = tried_text([v for v in screened if v.get("kernel") == k.name])
+    kernels, other_ms, kernel_ms, overhead_ms = _kernels(prof, notes, _jsonl(tdir / "profiles" / "tuner_variants.jsonl"))
     pr = prof if isinstance(prof, dict) else {}
     return GraphReport(profile_class=str(pr.get("klass") or ""), gap_ms=_f(pr.get("gap_ms")),
         headroom_ms=_f(pr.get("headroom_ms")), ceilings=_ceilings_text(pr.get("ceilings")),
@@ -141,6 +124,28 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
         rejected_by_stage=rejected, variants_screened=_count_lines(tdir / "profiles" / "tuner_variants.jsonl"),
         model_calls=_model_calls(tdir / "profiles", t, notes), cached=cached, kernel_ms=kernel_ms,
         launch_overhead_ms=overhead_ms, top_kernels=kernels, other_kernels_ms=other_ms, notes=notes), cands
+
+
+def _timing_notes(verdicts) -> list[str]:
+    """What the timing of the graph's verdicts owes to how the gate times: the program's host time before each call,
+    the deciding process's own clock, NaN/inf placement allowed."""
+    out = []
+    gap_us = max((_f(_timing(v).get("gap_us")) or 0.0 for _, v, _ in verdicts), default=0.0)
+    if gap_us:
+        out.append(f"timed as the program runs it: {gap_us:.1f} us of the program's own host time (measured "
+                   "at capture) before each timed call, original and candidate alike")
+    marked = [_timing(v) for _, v, _ in verdicts if v.get("accepted") and _timing(v).get("window_short_original_us")]
+    if marked:  # the deciding process's own clock (gate/windows.py)
+        w = max(marked, key=lambda x: _f(x.get("window_short_us")) or 0.0)
+        late = (_f(w.get("before_window_us")) or 0.0) - (_f(w.get("before_window_original_us")) or 0.0)
+        out.append(f"accepted samples timed by the gate's own clock (kernel timestamps of each window's marks): the "
+                   f"candidate worker's own numbers fell {_f(w.get('window_short_us')) or 0.0:.0f} us short of them "
+                   f"(median), the original's {_f(w.get('window_short_original_us')) or 0.0:.0f} us; its windows "
+                   f"opened {abs(late):.0f} us {'later' if late >= 0 else 'sooner'} after their requests than the "
+                   "original's (median; the span before a window is reported, not charged: gate/windows.py)")
+    if note := _nonfinite_note([v for _, v, _ in verdicts if v.get("accepted")]):
+        out.append(note)
+    return out
 
 
 def _nonfinite_note(accepted: list[dict]) -> str:
@@ -230,7 +235,9 @@ def _cached_interval(cached: dict, notes: list[str]):
     return None, None
 
 
-def _kernels(prof, notes: list[str]):
+def _kernels(prof, notes: list[str], screened: list[dict]):
+    """The top kernels of the baseline profile, each with what the tuner tried on it (`screened`: the track's
+    tuner_variants.jsonl); the time of the others; the kernel and launch-overhead totals."""
     if not isinstance(prof, dict):
         return [], 0.0, None, None
     try:
@@ -243,6 +250,8 @@ def _kernels(prof, notes: list[str]):
         notes.append(f"baseline profile: unreadable kernel list ({type(e).__name__}: {e})")
         return [], 0.0, None, None
     rows.sort(key=lambda k: -k.time_ms)
+    for k in rows[:TOP_KERNELS]:
+        k.tried = tried_text([v for v in screened if v.get("kernel") == k.name])
     other = float(sum(k.time_ms for k in rows[TOP_KERNELS:]))
     return rows[:TOP_KERNELS], other, _f(prof.get("kernel_ms")), _f(prof.get("launch_overhead_ms"))
 
