@@ -4,8 +4,11 @@ same inputs. Called by tilesmith.gate._pass."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
+from tilesmith.gate import cpulease
 from tilesmith.gate.original import Reference, load_raw, save_sets
 from tilesmith.gate.proc import calm_spares
 from tilesmith.gate.verdict import Pass, Reason
@@ -41,29 +44,32 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
     def setup(pin: bool) -> None:
         set_up(ctx, ref, w, mode, lambda worker, roles, m: send(worker, roles, m, pin))
 
-    with clock(f"{key}.timing_setup"):
-        cpus = timing.shared_cpus()
-        try:
-            setup(True)
-        except CandidateTreesFailed as e:
-            return [_trees_failed(e)]
-    with clock(f"{key}.quiesce"):  # no other worker may be busy while samples are taken
-        for other in others:
-            other.idle()
-        calm_spares()
-    if mode == "graph" and not known:
-        with clock(f"{key}.resize"):
+    with contextlib.ExitStack() as lease:  # a CPU graph's timing holds its CPUs machine-wide (gate/cpulease.py)
+        with clock(f"{key}.timing_setup"):
+            cpus = timing.shared_cpus()
+            if cpus and not str(ctx["device"]).startswith("cuda"):
+                cpus = lease.enter_context(cpulease.leased(sorted(os.sched_getaffinity(0), reverse=True), len(cpus)))
             try:
-                reps = resized(ctx, ref, reps, contents, shared, setup, gap_ns)
+                setup(True)
             except CandidateTreesFailed as e:
                 return [_trees_failed(e)]
-    with clock(f"{key}.timing"):
-        p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
-                                                 len(contents), ctx["buffers"], gap_ns=gap_ns)
-    if p.timing:
-        p.timing.gap_us = gap_ns / 1e3
-        clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)
-                                         + sum(p.timing.beside_ns)) / 1e9)
+        with clock(f"{key}.quiesce"):  # no other worker may be busy while samples are taken
+            for other in others:
+                other.idle()
+            calm_spares()
+        if mode == "graph" and not known:
+            with clock(f"{key}.resize"):
+                try:
+                    reps = resized(ctx, ref, reps, contents, shared, setup, gap_ns)
+                except CandidateTreesFailed as e:
+                    return [_trees_failed(e)]
+        with clock(f"{key}.timing"):
+            p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
+                                                     len(contents), ctx["buffers"], gap_ns=gap_ns)
+        if p.timing:
+            p.timing.gap_us = gap_ns / 1e3
+            clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)
+                                             + sum(p.timing.beside_ns)) / 1e9)
     if p.timing is None:
         return reasons
     with clock(f"{key}.timing_checks"):
