@@ -173,3 +173,16 @@ def slowed_graph_copy(graph: Path, dest: Path, reps: int) -> Path:
         shutil.copy(graph / f, out / f)
     (out / "wrapper.py").write_text(with_redundant_work((graph / "wrapper.py").read_text(), reps))
     return out
+
+
+def decision_context(**fields):
+    """A gate.context.DecisionContext for a test that drives one of the gate's steps directly: `fields` as given,
+    placeholders for the rest (which that step does not read)."""
+    from tilesmith.gate.context import DecisionContext, StageClock
+    from tilesmith.gate.verdict import Policy
+
+    placeholders = dict(gdir=Path("graph"), meta={}, cand=Path("candidate.py"), timing_base=None, timing_base_sha="",
+                        scratch=Path("scratch"), device="cpu", policy=Policy(), mode="graph",
+                        note=lambda stage, message: None, clock=StageClock({}), spares=None, modes={}, warnings=[],
+                        specials={}, pair=(0, 1))
+    return DecisionContext(**{**placeholders, **fields})

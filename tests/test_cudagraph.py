@@ -97,13 +97,14 @@ def test_a_candidate_that_does_not_replay_itself_runs_through_the_trees_as_the_o
     assert _modes(Verdict(False, "timing", "k", ""), "launch", text.encode(), None, meta) == {}
 
     ref, w = SimpleNamespace(timer="T", base_role="original"), "W"
-    trees = {"mode": "graph", "modes": {"candidate": "trees", "baseline": "trees"}}
+    trees = h.decision_context(mode="graph", modes={"candidate": "trees", "baseline": "trees"})
     assert _setups(trees, ref, w, "graph") == [("T", ["original"], "trees"), ("W", ["candidate", "baseline"], "trees")]
-    own = {"modes": {"candidate": "launch", "baseline": "trees"}}
+    own = h.decision_context(modes={"candidate": "launch", "baseline": "trees"})
     assert _setups(own, ref, w, "graph") == [("T", ["original"], "trees"), ("W", ["candidate"], "launch"),
                                              ("W", ["baseline"], "trees")]
-    assert _setups({"modes": {}}, ref, w, "graph") == [("T", ["original"], "graph"), ("W", ["candidate"], "graph"),
-                                                       ("W", ["baseline"], "graph")]
+    assert _setups(h.decision_context(modes={}), ref, w, "graph") == [("T", ["original"], "graph"),
+                                                                   ("W", ["candidate"], "graph"),
+                                                                   ("W", ["baseline"], "graph")]
 
 
 def test_trees_mode_refuses_a_graph_that_updates_its_inputs_and_fits_this_torchs_cudagraphify(inference_ws):

@@ -177,20 +177,20 @@ def test_graph_timing_sizes_its_samples_again_from_the_original_timed_alone_in_i
     try:
         w.request({"op": "load", "graph_dir": str(inf_graph), "baseline": True, "device": "cpu"}, 600)
         reps, buffers = timing.sample_size(policy, 500e6, contents, shared)  # "0.5 s a call": one call a sample
-        ctx, setups = {"policy": policy, "buffers": buffers}, []
+        ctx, setups = h.decision_context(policy=policy, buffers=buffers), []
 
         def setup(pin: bool) -> None:  # as the gate sets up each role again
-            setups.append(ctx["buffers"])
+            setups.append(ctx.buffers)
             f = w.dir / "contents.pt"  # in the worker's own folder: its sandbox reads nothing else of ours
             save_sets(f, contents, torch)
             w.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch",
-                       "buffers": ctx["buffers"]}, 120)
+                       "buffers": ctx.buffers}, 120)
 
         setup(True)
         got = resized(ctx, NS(timer=w, base_role="baseline"), reps, contents, shared, setup)
     finally:
         w.close()
-    probe = ctx["solo_in_mode_ns"]
+    probe = ctx.solo_in_mode_ns
     assert reps == 1 and 0 < probe < 500e6
     assert got == timing.sample_size(policy, probe, contents, shared)[0] > 1  # the per-call time measured here
-    assert got <= ctx["buffers"] and setups == [buffers] + ([ctx["buffers"]] if ctx["buffers"] > buffers else [])
+    assert got <= ctx.buffers and setups == [buffers] + ([ctx.buffers] if ctx.buffers > buffers else [])

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests import gate_helpers as h
 from tilesmith.gate import timed
 from tilesmith.gate.worker import patches, serve, trees
 from tilesmith.gate.verdict import Reason
@@ -17,10 +18,10 @@ from tilesmith.gate.verdict import Reason
 META = {"inputs": [{"parameter": True}, {}], "inductor_static_inputs": [0], "inputs_from_graphs": []}
 
 
-def _ctx(modes: dict) -> dict:
+def _ctx(modes: dict):
     both = modes.get("candidate") == "trees"
-    return {"modes": dict(modes), "warnings": [Reason("trees", "both through the trees")] if both else [],
-            "solo_in_mode_ns": 123}
+    return h.decision_context(modes=dict(modes), warnings=[Reason("trees", "both through the trees")] if both else [],
+                              solo_in_mode_ns=123)
 
 
 def _send(replies: dict):
@@ -41,7 +42,7 @@ def test_both_roles_through_the_trees_are_set_up_once_each_worker():
     send, sent = _send({})
     timed.set_up(ctx, REF, "W", "graph", send)
     assert sent == [("T", ["original"], "trees"), ("W", ["candidate", "baseline"], "trees")]
-    assert ctx["modes"] == {"candidate": "trees", "baseline": "trees"} and [w.code for w in ctx["warnings"]] == ["trees"]
+    assert ctx.modes == {"candidate": "trees", "baseline": "trees"} and [w.code for w in ctx.warnings] == ["trees"]
 
 
 def test_a_candidate_that_fails_through_the_trees_where_the_original_did_not_is_rejected_not_timed_otherwise():
@@ -49,7 +50,7 @@ def test_a_candidate_that_fails_through_the_trees_where_the_original_did_not_is_
     send, sent = _send({("W", "trees"): {"trees_fallback": {"candidate": "RuntimeError: capture failed"}}})
     with pytest.raises(timed.CandidateTreesFailed, match="capture failed"):
         timed.set_up(ctx, REF, "W", "graph", send)
-    assert len(sent) == 2 and ctx["modes"]["candidate"] == "trees"  # nothing set up again in another mode
+    assert len(sent) == 2 and ctx.modes["candidate"] == "trees"  # nothing set up again in another mode
     assert timed._trees_failed(timed.CandidateTreesFailed("x")).code == "trees-failed"
 
 
@@ -62,9 +63,9 @@ def test_where_the_originals_trees_fail_every_role_is_set_up_again_as_bare_repla
     send, sent = _send({(worker_name, "trees"): {"trees_fallback": {role: "TypeError: no trees here"}}})
     timed.set_up(ctx, REF, "W", "graph", send)
     assert sent[2:] == [("T", ["original"], "graph"), ("W", ["candidate"], "graph"), ("W", ["baseline"], "graph")]
-    assert ctx["modes"] == {} and "solo_in_mode_ns" not in ctx
-    assert [w.code for w in ctx["warnings"]] == ["trees-unavailable"]
-    assert "original and the candidate" in ctx["warnings"][0].message and "no trees here" in ctx["warnings"][0].message
+    assert ctx.modes == {} and ctx.solo_in_mode_ns is None
+    assert [w.code for w in ctx.warnings] == ["trees-unavailable"]
+    assert "original and the candidate" in ctx.warnings[0].message and "no trees here" in ctx.warnings[0].message
 
 
 def test_against_a_candidate_that_replays_itself_a_bare_replay_of_the_original_is_kept_with_a_warning():
@@ -72,8 +73,8 @@ def test_against_a_candidate_that_replays_itself_a_bare_replay_of_the_original_i
     send, sent = _send({("T", "trees"): {"trees_fallback": {"original": "TypeError: no trees here"}}})
     timed.set_up(ctx, REF, "W", "graph", send)
     assert sent == [("T", ["original"], "trees"), ("W", ["candidate"], "launch"), ("W", ["baseline"], "trees")]
-    assert ctx["modes"] == {"candidate": "launch", "baseline": "trees"}
-    assert [w.code for w in ctx["warnings"]] == ["trees-unavailable"] and "original was timed" in ctx["warnings"][0].message
+    assert ctx.modes == {"candidate": "launch", "baseline": "trees"}
+    assert [w.code for w in ctx.warnings] == ["trees-unavailable"] and "original was timed" in ctx.warnings[0].message
 
 
 @pytest.fixture

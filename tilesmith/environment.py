@@ -17,7 +17,7 @@ def fingerprint() -> dict:
 
     fp: dict = {
         "torch": torch.__version__,
-        "triton": _triton_version(),
+        "triton": triton_version(),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cuda_runtime": torch.version.cuda,
@@ -35,7 +35,8 @@ def fingerprint() -> dict:
     return fp
 
 
-def _triton_version() -> str | None:
+def triton_version() -> str | None:
+    """The installed triton's version, None where there is none (CPU builds of torch) or it does not say."""
     try:
         import triton  # noqa: PLC0415 - optional: CPU builds of torch have no triton
     except Exception:

@@ -8,7 +8,6 @@ and statistic is computed here, from raw tensors and raw nanosecond samples.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import tempfile
 import threading
@@ -17,10 +16,11 @@ from pathlib import Path
 
 from tilesmith import paths
 from tilesmith.errors import TilesmithError
+from tilesmith.gate.context import DecisionContext, StageClock
 from tilesmith.gate.original import Reference, load_raw, save_sets
 from tilesmith.gate import timed
 from tilesmith.gate.modes import _modes, own_replay, resolve_mode
-from tilesmith.gate.proc import usable_cores
+from tilesmith.gate.proc import WorkerFailure, usable_cores
 from tilesmith.gate.verdict import MODES, STAGES, Pass, Policy, Reason, SetCorrectness, Timing, Verdict
 from tilesmith.workspace import load_graph_json
 
@@ -77,9 +77,7 @@ def graph_device(meta: dict) -> str:
 
 def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: Policy, mode: str, note,
          spares) -> None:
-    from tilesmith.gate.proc import WorkerFailure
-
-    clock = _Clock(v.stage_seconds)
+    clock = StageClock(v.stage_seconds)
     cand = scratch / "candidate.py"
     cand.write_bytes(raw)  # the judged bytes: later edits of the user's file cannot change what runs
     timing_base = None
@@ -89,11 +87,13 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
         timing_base.write_bytes(base_raw)
         v.timing_baseline_sha256 = hashlib.sha256(base_raw).hexdigest()
     device = graph_device(meta)
-    ctx = dict(gdir=gdir, meta=meta, cand=cand, timing_base=timing_base, timing_base_sha=v.timing_baseline_sha256 or "",
-               scratch=scratch, device=device, policy=policy, mode=mode, note=note, clock=clock, WorkerFailure=WorkerFailure, spares=spares,
-               modes=_modes(v, mode, raw, timing_base, meta), warnings=v.warnings)
-    seeds, sets, contents, ctx["specials"] = _input_sets(gdir, meta, policy, clock)
-    ctx["pair"] = (1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1)
+    modes = _modes(v, mode, raw, timing_base, meta)
+    seeds, sets, contents, specials = _input_sets(gdir, meta, policy, clock)
+    ctx = DecisionContext(gdir=gdir, meta=meta, cand=cand, timing_base=timing_base,
+                          timing_base_sha=v.timing_baseline_sha256 or "", scratch=scratch, device=device, policy=policy,
+                          mode=mode, note=note, clock=clock, spares=spares, modes=modes, warnings=v.warnings,
+                          specials=specials,
+                          pair=(1, 2) if policy.random_sets >= 2 else (0, len(sets[seeds[0]]) - 1))
     note("load", "starting workers; the original runs in its own reference worker")
     # Every worker starts now, before candidate code runs anywhere, so their interpreters, imports and
     # CUDA contexts overlap one another and the reference run; each is still fresh (no candidate code
@@ -102,7 +102,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     # down and is wasted when the first pass rejects: there the confirmation's worker starts after it.
     early = policy.confirm and usable_cores() >= policy.prestart_min_cores
     preps = [_Prepared(ctx) for _ in range(2 if early else 1)]
-    ref = Reference(gdir, sets, contents, ctx["pair"], ctx, quiet_first=preps[1:], specials=ctx["specials"])
+    ref = Reference(gdir, sets, contents, ctx.pair, ctx, quiet_first=preps[1:], specials=ctx.specials)
     try:
         v.first = Pass(seed=seeds[0])
         ok = _pass(v, v.first, sets[seeds[0]], contents[seeds[0]], ctx, preps[0], ref, preps[1:], False)
@@ -156,41 +156,23 @@ def _check_reproduced(v: Verdict, policy: Policy) -> None:
                                                       f"confirmation ({t2.speedup:.1f}x)"))
 
 
-class _Clock:
-    """Adds wall seconds per step into a Verdict's stage_seconds."""
-
-    def __init__(self, into: dict):
-        self.into = into
-
-    @contextlib.contextmanager
-    def __call__(self, key: str):
-        t0 = time.monotonic()
-        try:
-            yield
-        finally:
-            self.add(key, time.monotonic() - t0)
-
-    def add(self, key: str, seconds: float) -> None:
-        self.into[key] = round(self.into.get(key, 0.0) + seconds, 4)
-
-
 class _Prepared:
     """A candidate worker started early: in a background thread it finishes its imports (and CUDA context)
     while the deciding thread does other work. It loads nothing before its candidate but the baseline,
     which is timed beside it as well as apart, in a worker where candidate code never runs."""
 
-    def __init__(self, ctx: dict):
+    def __init__(self, ctx: DecisionContext):
         from tilesmith.gate.proc import start_worker
 
-        self.worker = start_worker("candidate", ctx["scratch"], ctx["device"], (ctx["gdir"],), ctx.get("spares"))
+        self.worker = start_worker("candidate", ctx.scratch, ctx.device, (ctx.gdir,), ctx.spares)
         self.error = None
         self.startup_s = None
         self._thread = threading.Thread(target=self._prepare, args=(ctx,), daemon=True)
         self._thread.start()
 
-    def _prepare(self, ctx: dict) -> None:
+    def _prepare(self, ctx: DecisionContext) -> None:
         try:
-            self.startup_s = self.worker.request({"op": "ready"}, ctx["policy"].load_timeout_s).get("startup_s")
+            self.startup_s = self.worker.request({"op": "ready"}, ctx.policy.load_timeout_s).get("startup_s")
         except BaseException as e:  # re-raised by wait() in the deciding thread
             self.error = e
 
@@ -212,8 +194,8 @@ class _Prepared:
         self.worker.close()
 
 
-def _pass(v: Verdict, p: Pass, named_sets: list, contents: list, ctx: dict, prep: _Prepared, ref: Reference,
-          others: list, confirmation: bool) -> bool:
+def _pass(v: Verdict, p: Pass, named_sets: list, contents: list, ctx: DecisionContext, prep: _Prepared,
+          ref: Reference, others: list, confirmation: bool) -> bool:
     """Load, correctness and timing in one fresh candidate worker; False (with reasons) at the first failure."""
     key = "confirmation" if confirmation else "first"
     stage = (lambda s: "confirmation") if confirmation else (lambda s: s)
@@ -228,57 +210,58 @@ def _pass(v: Verdict, p: Pass, named_sets: list, contents: list, ctx: dict, prep
             return False
         v.stage = stage("correctness")
         reasons, r = _correctness(p, named_sets, ctx, w, ref, key)
-        if not reasons and ctx["policy"].correctness_only:  # a check, not a decision: never accepted
+        if not reasons and ctx.policy.correctness_only:  # a check, not a decision: never accepted
             return False
         if not reasons:
             v.stage = stage("timing")
             reasons = timed.run(p, contents, ctx, w, ref, r, others, key)
-    except ctx["WorkerFailure"] as e:
+    except WorkerFailure as e:
         v.reasons.append(Reason(e.code, f"{v.stage}: {e.message}"))
         return False
     if p.timing:
         from tilesmith.gate import timing
 
-        v.warnings += timing.warnings(p.timing, ctx["policy"],
-                                     ctx.get("solo_in_mode_ns") or r["per_call_ns"] + p.timing.gap_us * 1e3)
+        v.warnings += timing.warnings(p.timing, ctx.policy,
+                                     ctx.solo_in_mode_ns or r["per_call_ns"] + p.timing.gap_us * 1e3)
     v.reasons += reasons
     return not reasons
 
 
-def _load(ctx: dict, prep: _Prepared, key: str):
-    ctx["note"]("load", "loading the candidate in a fresh worker")
-    clock = ctx["clock"]
+def _load(ctx: DecisionContext, prep: _Prepared, key: str):
+    ctx.note("load", "loading the candidate in a fresh worker")
+    clock = ctx.clock
     with clock(f"{key}.start"):  # interpreter, imports and CUDA context, if not over yet
         w = prep.wait()
     clock.add(f"{key}.worker_imports", prep.startup_s or 0.0)  # inside the worker, overlapped with other work
     cand = w.dir / "candidate.py"  # in the worker's own folder: the only one its sandbox lets it see
-    cand.write_bytes(ctx["cand"].read_bytes())
+    cand.write_bytes(ctx.cand.read_bytes())
     # The baseline is loaded here too, before the candidate, to be timed beside it (gate.timing.measure).
     base = {"baseline": True}
-    if ctx["timing_base"] is not None:
+    if ctx.timing_base is not None:
         best = w.dir / "timing_baseline.py"
-        best.write_bytes(ctx["timing_base"].read_bytes())
+        best.write_bytes(ctx.timing_base.read_bytes())
         base = {"baseline_file": str(best)}
     with clock(f"{key}.load"):
-        rep = w.request({"op": "load", "graph_dir": str(ctx["gdir"]), "candidate": str(cand), "device": ctx["device"],
-                         **base}, ctx["policy"].load_timeout_s)
+        rep = w.request({"op": "load", "graph_dir": str(ctx.gdir), "candidate": str(cand), "device": ctx.device,
+                         **base}, ctx.policy.load_timeout_s)
     why = rep.get("seccomp") if isinstance(rep, dict) else None
-    if why and not any(x.code == "seccomp" for x in ctx["warnings"]):  # the other lines still hold (gate/seccomp.py)
-        ctx["warnings"].append(Reason("seccomp", f"the candidate's worker runs without its seccomp filter: {why}"[:300]))
+    if why and not any(x.code == "seccomp" for x in ctx.warnings):  # the other lines still hold (gate/seccomp.py)
+        ctx.warnings.append(Reason("seccomp", f"the candidate's worker runs without its seccomp filter: {why}"[:300]))
     return w
 
 
-def _correctness(p: Pass, named_sets: list, ctx: dict, w, ref: Reference, key: str) -> tuple[list, dict | None]:
+def _correctness(p: Pass, named_sets: list, ctx: DecisionContext, w, ref: Reference,
+                 key: str) -> tuple[list, dict | None]:
     """The candidate's outputs on every set and the same-buffer pair, against the original's."""
     import torch
 
-    ctx["note"]("correctness", f"comparing outputs on {len(named_sets)} input sets")
-    clock, policy = ctx["clock"], ctx["policy"]
+    ctx.note("correctness", f"comparing outputs on {len(named_sets)} input sets")
+    clock, policy = ctx.clock, ctx.policy
     f, o = w.dir / f"sets-{p.seed}.pt", w.dir / f"cand-{p.seed}.pt"
     with clock(f"{key}.outputs"):
         save_sets(f, named_sets, torch)
         w.request({"op": "outputs", "role": "candidate", "sets_file": str(f), "out_file": str(o),
-                   "pair": list(ctx["pair"])}, policy.call_timeout_s)
+                   "pair": list(ctx.pair)}, policy.call_timeout_s)
         f.unlink(missing_ok=True)
     try:
         got = load_raw(o, torch)
@@ -289,19 +272,19 @@ def _correctness(p: Pass, named_sets: list, ctx: dict, w, ref: Reference, key: s
         r = ref.get()
     try:
         special = _special(ctx, w, p.seed, r["special"][p.seed], f"{key}.special")
-    except ctx["WorkerFailure"]:
+    except WorkerFailure:
         raise
     except Exception as e:  # its outputs file unreadable
         return [Reason("protocol", f"the candidate worker's special-set outputs are unreadable: {e}"[:300])], r
     with clock(f"{key}.compare"):
         try:
-            return _compare(p, named_sets, got, r["base"][p.seed], r["ref64"][p.seed], ctx["pair"], special,
+            return _compare(p, named_sets, got, r["base"][p.seed], r["ref64"][p.seed], ctx.pair, special,
                             ctx), r
         except (KeyError, IndexError, TypeError, AttributeError, ValueError, RuntimeError) as e:
             return [Reason("protocol", f"the candidate worker's outputs are malformed: {e!r}"[:300])], r
 
 
-def _special(ctx: dict, w, seed: int, orig, clock_key: str) -> tuple | None:
+def _special(ctx: DecisionContext, w, seed: int, orig, clock_key: str) -> tuple | None:
     """(named special-value sets, the candidate's raw outputs on them, the original's {"names", "base", "ref64"}),
     asked of the candidate only once the original is known to run on them; None where the graph has none or the
     original itself fails on all of them (a warning names those it fails on)."""
@@ -312,21 +295,22 @@ def _special(ctx: dict, w, seed: int, orig, clock_key: str) -> tuple | None:
     if orig.get("error"):
         warn = Reason("special-sets-skipped", "the original itself fails on special-value input sets (NaN, inf, extreme "
                                               f"magnitudes in its activations); those were not compared: {orig['error']}")
-        if warn not in ctx["warnings"]:
-            ctx["warnings"].append(warn)
-    named = [(n, inputs) for n, inputs in ctx["specials"].get(seed) or [] if n in orig["names"]]
+        if warn not in ctx.warnings:
+            ctx.warnings.append(warn)
+    named = [(n, inputs) for n, inputs in ctx.specials.get(seed) or [] if n in orig["names"]]
     if not named:
         return None
     f, o = w.dir / f"sets-special-{seed}.pt", w.dir / f"special-{seed}.pt"
-    with ctx["clock"](clock_key):
+    with ctx.clock(clock_key):
         save_sets(f, named, torch)
         w.request({"op": "outputs", "role": "candidate", "sets_file": str(f), "out_file": str(o), "pair": []},
-                  ctx["policy"].call_timeout_s)
+                  ctx.policy.call_timeout_s)
         f.unlink(missing_ok=True)
         return named, load_raw(o, torch), orig
 
 
-def _compare(p: Pass, named_sets: list, got: dict, base: dict, ref64, pair, special, ctx: dict) -> list[Reason]:
+def _compare(p: Pass, named_sets: list, got: dict, base: dict, ref64, pair, special,
+             ctx: DecisionContext) -> list[Reason]:
     """Every set, the special-value sets, then the same-buffer pair; fills p.correctness (and the verdict's
     warnings) and returns the reasons to reject."""
     from tilesmith.gate import correctness
@@ -338,14 +322,14 @@ def _compare(p: Pass, named_sets: list, got: dict, base: dict, ref64, pair, spec
         named, cand, orig = special
         if len(cand["sets"]) != len(named):
             return [Reason("protocol", f"the candidate worker returned {len(cand['sets'])} special sets, not {len(named)}")]
-        how = correctness.Special(correctness.typical_scales(base["sets"][:2]), ctx["policy"].allow_nonfinite_differences)
+        how = correctness.Special(correctness.typical_scales(base["sets"][:2]), ctx.policy.allow_nonfinite_differences)
         results += correctness.compare_sets([name for name, _ in named], cand["sets"], orig["base"]["sets"],
                                             orig["ref64"], how)
     reasons = []
     for r in results:
         p.correctness.append(r.summary)
         reasons += r.reasons
-        ctx["warnings"] += r.warnings
+        ctx.warnings += r.warnings
     i, j = pair
     return reasons + correctness.compare_pair((named_sets[i][0], named_sets[j][0]), got["pair"],
                                               base["sets"][i], base["sets"][j])

@@ -24,7 +24,7 @@ import ast
 import re
 
 from tilesmith.gate import allowlist_tables as T
-from tilesmith.gate.allowlist import _IDENT, Checker, Finding
+from tilesmith.gate.allowlist_base import IDENT, Checker, Finding
 
 _SAFE_STR = re.compile(r"[A-Za-z0-9_.*:\-]*")
 _CTYPE = re.compile(r"(const )?[A-Za-z_][A-Za-z0-9_:]*( ?\*)?")  # a cpp_pybinding argument type: `const float*`
@@ -38,7 +38,8 @@ def check_source(src: str) -> list[Finding]:
     except SyntaxError as e:
         return [Finding("allowlist-syntax", f"does not parse: {e.msg}", e.lineno or 0)]
     c = Checker(tree, kernel=True)
-    c.run()
+    collect(c)
+    c.visit_module()
     return sorted(c.found, key=lambda f: f.line)
 
 
@@ -52,7 +53,7 @@ def definition(c: Checker, name: str, call: ast.Call) -> None:
         return
     if kind == "triton":
         if any(k.arg != "device_str" or not isinstance(k.value, ast.Constant) for k in call.keywords) \
-                or not _IDENT.fullmatch(call.args[0].value):
+                or not IDENT.fullmatch(call.args[0].value):
             c.flag("allowlist-kernel", f"{name}: triton takes a kernel name and device_str literals", call)
         for f in check_source(call.args[1].value):
             c.found.append(Finding(f.code, f"kernel {name} line {f.line}: {f.message}", call.lineno))
@@ -64,7 +65,8 @@ def definition(c: Checker, name: str, call: ast.Call) -> None:
 
 
 def collect(c: Checker) -> None:
-    """The kernel module's names, and its module-level statements checked for shape (Checker.run visits the rest)."""
+    """The kernel module's names, and its module-level statements checked for shape (Checker.visit_module then
+    visits the rest)."""
     for node in c.tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             _bind(c, node)
@@ -175,7 +177,7 @@ def _meta(c: Checker, node, which: str, fn: str) -> None:
             c.flag("allowlist-kernel", f"{fn}: {which}[{key!r}] is {ast.unparse(v)}, not Inductor's default", v)
         elif key in T.META_NAMES:
             if not (isinstance(v, ast.List) and all(isinstance(e, ast.Constant) and isinstance(e.value, str)
-                                                    and _IDENT.fullmatch(e.value) for e in v.elts)):
+                                                    and IDENT.fullmatch(e.value) for e in v.elts)):
                 c.flag("allowlist-kernel", f"{fn}: {which}[{key!r}] is not a list of names", v)
         elif key == "precomputed_grids":
             _grids(c, v, fn)

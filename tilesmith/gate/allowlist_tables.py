@@ -1,4 +1,5 @@
-"""What a candidate wrapper may import and reach, as data (stdlib only; read by gate/allowlist.py).
+"""What a candidate wrapper may import and reach, as data (stdlib only; read by gate/allowlist_base.py, allowlist.py
+and allowlist_kernel.py).
 
 Every entry is here because an honest wrapper needs it: Inductor's own header, call() and trailer (the CPU suite's
 captures and the H100 corpus, tests/fixtures/gpu_wrappers), tilesmith's vetted helpers, and plain tensor code a

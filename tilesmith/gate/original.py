@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from tilesmith.errors import TilesmithError
+from tilesmith.gate.context import DecisionContext
 from tilesmith.gate.proc import calm_spares
 from tilesmith.gate.verdict import Policy
 from tilesmith.workspace import WRAPPER_FILE
@@ -64,16 +65,16 @@ class Reference:
     float64 reference for every seed's sets, its solo per-call time
     (from this process's cache where it has them), and then, kept open, the baseline's timed samples."""
 
-    def __init__(self, gdir: Path, sets: dict, contents: dict, pair, ctx: dict, quiet_first: list,
+    def __init__(self, gdir: Path, sets: dict, contents: dict, pair, ctx: DecisionContext, quiet_first: list,
                  specials: dict | None = None):
-        policy, device = ctx["policy"], ctx["device"]
+        policy, device = ctx.policy, ctx.device
         gid = _graph_id(gdir)
         self._keys = {s: (gid, s, policy.random_sets, policy.rotating_sets, tuple(pair), device) for s in sets}
         self._solo_key = (gid, device, policy.rotating_sets)
         self.quiet = threading.Event()
         self._closing = threading.Event()  # close() is stopping the thread: a failed request is not the original's
         self.error = None
-        self.base_role = "best" if ctx.get("timing_base") else "baseline"
+        self.base_role = "best" if ctx.timing_base else "baseline"
         # The worker that times the baseline apart: one of its own that loads the baseline and nothing
         # else, so that it carries no history of code the candidate's worker never ran (the float64
         # reference's eager ops, an OpenMP pool they grew). The reference worker as timer measured the
@@ -81,8 +82,8 @@ class Reference:
         # A correctness-only check (the agent's `check`) times nothing: no timer.
         # With a pool of spares (decisions back to back), both are kept for the next decision on the same
         # graph (and, for the timer, the same baseline): they never run candidate code.
-        spares = ctx.get("spares")
-        base_sha = ctx.get("timing_base_sha", "")
+        spares = ctx.spares
+        base_sha = ctx.timing_base_sha
         self._kept_keys = ({"reference": spares.trusted_key(device, (str(gdir),), str(gdir), gid),
                             "timer": spares.trusted_key(device, (str(gdir),), str(gdir), gid, base_sha)}
                            if spares is not None else {})
@@ -97,19 +98,19 @@ class Reference:
         self._thread = threading.Thread(target=self._run, args=args, daemon=True)
         self._thread.start()
 
-    def _worker(self, role: str, ctx: dict, gdir: Path):
+    def _worker(self, role: str, ctx: DecisionContext, gdir: Path):
         from tilesmith.gate.proc import Worker, start_worker
 
-        spares = ctx.get("spares")
+        spares = ctx.spares
         if spares is None:
-            return start_worker(role, ctx["scratch"], ctx["device"], (gdir,))
+            return start_worker(role, ctx.scratch, ctx.device, (gdir,))
         w = spares.reuse(role, self._kept_keys[role])
         if w is not None:
             self.reused.add(role)
             return w
-        return Worker(role, spares.home, ctx["device"], (gdir,))  # its folder outlives this decision's
+        return Worker(role, spares.home, ctx.device, (gdir,))  # its folder outlives this decision's
 
-    def _restart(self, ctx: dict, gdir: Path):
+    def _restart(self, ctx: DecisionContext, gdir: Path):
         """A fresh reference worker, loaded, in place of the one closed when the original failed on the
         special-value sets (a failed request ends its worker)."""
         from tilesmith.gate.proc import Worker, start_worker
@@ -118,11 +119,11 @@ class Reference:
         if self._closing.is_set():  # killed by close(), not failed on its own: nothing to go on with
             raise RuntimeError("the decision ended while the reference ran the special-value sets")
         self.reused.discard("reference")
-        spares = ctx.get("spares")
-        self.worker = (start_worker("reference", ctx["scratch"], ctx["device"], (gdir,)) if spares is None
-                       else Worker("reference", spares.home, ctx["device"], (gdir,)))
-        self.worker.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": ctx["device"]},
-                            ctx["policy"].load_timeout_s)
+        spares = ctx.spares
+        self.worker = (start_worker("reference", ctx.scratch, ctx.device, (gdir,)) if spares is None
+                       else Worker("reference", spares.home, ctx.device, (gdir,)))
+        self.worker.request({"op": "load", "graph_dir": str(gdir), "baseline": True, "device": ctx.device},
+                            ctx.policy.load_timeout_s)
         return self.worker
 
     @property
@@ -145,17 +146,17 @@ class Reference:
             base = {"baseline": True}
             if self.timer is None or "timer" in self.reused:
                 return
-            if ctx.get("timing_base"):
+            if ctx.timing_base:
                 best = self.timer.dir / "timing_baseline.py"
-                best.write_bytes(Path(ctx["timing_base"]).read_bytes())
+                best.write_bytes(Path(ctx.timing_base).read_bytes())
                 base = {"best_file": str(best)}
-            with ctx["clock"]("timer.load"):
-                self.timer.request({"op": "load", "graph_dir": str(gdir), "device": ctx["device"], **base},
-                                   ctx["policy"].load_timeout_s)
+            with ctx.clock("timer.load"):
+                self.timer.request({"op": "load", "graph_dir": str(gdir), "device": ctx.device, **base},
+                                   ctx.policy.load_timeout_s)
         except BaseException as e:  # re-raised by get() in the deciding thread
             self.error = e
         finally:
-            ctx["clock"].add("reference", time.monotonic() - t0)
+            ctx.clock.add("reference", time.monotonic() - t0)
 
     def calm(self) -> None:
         """The deciding thread's worker is idle: the reference may time the original alone."""
@@ -202,7 +203,7 @@ class Reference:
                 w.close()
 
 
-def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, quiet, quiet_first: list,
+def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: DecisionContext, quiet, quiet_first: list,
                solo_known, loaded: bool = False, specials: dict | None = None, restart=None) -> tuple[dict, float | None]:
     """The original alone, in worker `w`: outputs and the float64 reference on every set of the seeds in
     `missing`, and on their `specials` (where the original fails on those, `restart()` gives the worker to go
@@ -212,7 +213,7 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
 
     from tilesmith.gate.timing import solo_ns
 
-    policy, clock, device = ctx["policy"], ctx["clock"], ctx["device"]
+    policy, clock, device = ctx.policy, ctx.clock, ctx.device
     out = {}
     text = (Path(gdir) / WRAPPER_FILE).read_text()
     if not loaded:  # a kept reference worker has it loaded
@@ -249,7 +250,7 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: dict, qu
     return out, solo_ns(w, "baseline", policy.call_timeout_s)
 
 
-def _special_outputs(w, gdir, specials: dict, ctx: dict, out: dict, restart):
+def _special_outputs(w, gdir, specials: dict, ctx: DecisionContext, out: dict, restart):
     """Into out[seed]["special"], {"names", "base", "ref64", "error"}: the original's outputs and float64 reference on
     those of the seed's special-value sets it runs on, each set in a request of its own. A set the original fails on
     (NaN reaching an index: its own behaviour, not a candidate's fault) is left out, for every seed, and "error"
@@ -258,7 +259,7 @@ def _special_outputs(w, gdir, specials: dict, ctx: dict, out: dict, restart):
 
     from tilesmith.gate.proc import WorkerFailure
 
-    policy, clock = ctx["policy"], ctx["clock"]
+    policy, clock = ctx.policy, ctx.clock
     text = (Path(gdir) / WRAPPER_FILE).read_text()
     failed: dict = {}  # set name -> how the original failed on it
     for seed, named in specials.items():

@@ -9,12 +9,14 @@ import os
 from pathlib import Path
 
 from tilesmith.gate import cpulease
+from tilesmith.gate.context import DecisionContext
 from tilesmith.gate.original import Reference, load_raw, save_sets
 from tilesmith.gate.proc import calm_spares
 from tilesmith.gate.verdict import Pass, Reason
 
 
-def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: list, key: str) -> list[Reason]:
+def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dict, others: list,
+        key: str) -> list[Reason]:
     """Paired samples, the baseline in the reference worker and the candidate in its own, then the
     outputs of the timed calls the parent chose, against the original's on the same inputs."""
     import torch
@@ -22,14 +24,14 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
     from tilesmith.gate import timing
     from tilesmith.gate.inputs import parameter_indices
 
-    policy, clock, mode = ctx["policy"], ctx["clock"], ctx["mode"]
-    ctx["note"]("timing", f"timing ({mode}), paired and interleaved, the original in its own worker and beside the candidate")
-    shared = parameter_indices(ctx["meta"])
-    gap_ns = program_gap_ns(ctx["meta"], ctx["device"], policy)
+    policy, clock, mode = ctx.policy, ctx.clock, ctx.mode
+    ctx.note("timing", f"timing ({mode}), paired and interleaved, the original in its own worker and beside the candidate")
+    shared = parameter_indices(ctx.meta)
+    gap_ns = program_gap_ns(ctx.meta, ctx.device, policy)
     # In graph timing the confirmation pass sizes from the first pass's probe (resized) directly.
-    known = ctx.get("solo_in_mode_ns") if mode == "graph" else None
+    known = ctx.solo_in_mode_ns if mode == "graph" else None
     # Sized with the program's gap: each timed call spends it first (the probe in graph mode did too).
-    reps, ctx["buffers"] = timing.sample_size(policy, known or (r["per_call_ns"] + gap_ns), contents, shared)
+    reps, ctx.buffers = timing.sample_size(policy, known or (r["per_call_ns"] + gap_ns), contents, shared)
 
     def send(worker, roles: list, role_mode: str, pin: bool) -> dict:
         if pin and cpus:
@@ -37,7 +39,7 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
         f = worker.dir / f"contents-{p.seed}.pt"
         save_sets(f, contents, torch)
         rep = worker.request({"op": "time_setup", "sets_file": str(f), "roles": roles, "mode": role_mode,
-                              "buffers": ctx["buffers"]}, policy.call_timeout_s)
+                              "buffers": ctx.buffers}, policy.call_timeout_s)
         f.unlink(missing_ok=True)
         return rep if isinstance(rep, dict) else {}
 
@@ -47,7 +49,7 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
     with contextlib.ExitStack() as lease:  # a CPU graph's timing holds its CPUs machine-wide (gate/cpulease.py)
         with clock(f"{key}.timing_setup"):
             cpus = timing.shared_cpus()
-            if cpus and not str(ctx["device"]).startswith("cuda"):
+            if cpus and not str(ctx.device).startswith("cuda"):
                 cpus = lease.enter_context(cpulease.leased(sorted(os.sched_getaffinity(0), reverse=True), len(cpus)))
             try:
                 setup(True)
@@ -65,7 +67,7 @@ def run(p: Pass, contents: list, ctx: dict, w, ref: Reference, r: dict, others: 
                     return [_trees_failed(e)]
         with clock(f"{key}.timing"):
             p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
-                                                     len(contents), ctx["buffers"], gap_ns=gap_ns)
+                                                     len(contents), ctx.buffers, gap_ns=gap_ns)
         if p.timing:
             p.timing.gap_us = gap_ns / 1e3
             clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)
@@ -103,8 +105,8 @@ def _trees_failed(e: Exception) -> Reason:
                                   f"program (the original's did not): {str(e)[:300]}")
 
 
-def set_up(ctx: dict, ref: Reference, w, mode: str, send) -> None:
-    """time_setup for every role (`send(worker, roles, mode)` -> the worker's reply), in the modes ctx["modes"]
+def set_up(ctx: DecisionContext, ref: Reference, w, mode: str, send) -> None:
+    """time_setup for every role (`send(worker, roles, mode)` -> the worker's reply), in the modes ctx.modes
     names. Where a role asked for the trees was set up in graph mode instead (the reply's trees_fallback,
     per role): a candidate meant to run through the trees as the original does is never timed against the
     original in another mode. Its own failure there rejects it (CandidateTreesFailed: the program runs it
@@ -118,31 +120,32 @@ def set_up(ctx: dict, ref: Reference, w, mode: str, send) -> None:
             failed.setdefault("candidate" if worker is w and role == "candidate" else "original", str(reason))
     if not failed:
         return
-    if ctx["modes"].get("candidate") == "trees":
+    if ctx.modes.get("candidate") == "trees":
         if "original" not in failed:
             raise CandidateTreesFailed(failed["candidate"])
-        ctx["modes"] = {}  # every role as a bare replay, from here on (the confirmation pass too)
-        ctx.pop("solo_in_mode_ns", None)  # sized through the trees: the next pass sizes anew
-        ctx["warnings"][:] = [x for x in ctx["warnings"] if x.code != "trees"]
-        ctx["warnings"].append(Reason("trees-unavailable", "the original and the candidate were timed as bare "
-                                      f"CUDA-graph replays: the cudagraph trees could not be set up ({failed['original'][:200]})"))
+        ctx.modes = {}  # every role as a bare replay, from here on (the confirmation pass too)
+        ctx.solo_in_mode_ns = None  # sized through the trees: the next pass sizes anew
+        ctx.warnings[:] = [x for x in ctx.warnings if x.code != "trees"]
+        ctx.warnings.append(Reason("trees-unavailable", "the original and the candidate were timed as bare "
+                                   f"CUDA-graph replays: the cudagraph trees could not be set up ({failed['original'][:200]})"))
         set_up(ctx, ref, w, mode, send)
-    elif not any(x.code == "trees-unavailable" for x in ctx["warnings"]):
-        ctx["warnings"].append(Reason("trees-unavailable", "the original was timed as a bare CUDA-graph replay: "
-                                      f"Inductor's cudagraph trees could not be set up ({next(iter(failed.values()))[:200]})"))
+    elif not any(x.code == "trees-unavailable" for x in ctx.warnings):
+        ctx.warnings.append(Reason("trees-unavailable", "the original was timed as a bare CUDA-graph replay: "
+                                   f"Inductor's cudagraph trees could not be set up ({next(iter(failed.values()))[:200]})"))
 
 
-def _setups(ctx: dict, ref: Reference, w, mode: str) -> list[tuple]:
+def _setups(ctx: DecisionContext, ref: Reference, w, mode: str) -> list[tuple]:
     """(worker, roles, mode) per time_setup request: the original in the reference worker, then the candidate
     and the original beside it in the candidate's worker, both in one request where both run through the
     trees (an earlier setup's trees are then freed first, once, for both)."""
-    cand, base = ctx["modes"].get("candidate", mode), ctx["modes"].get("baseline", mode)
+    cand, base = ctx.modes.get("candidate", mode), ctx.modes.get("baseline", mode)
     both = cand == base == "trees"
     beside = [(w, ["candidate", "baseline"], cand)] if both else [(w, ["candidate"], cand), (w, ["baseline"], base)]
     return [(ref.timer, [ref.base_role], base)] + beside
 
 
-def resized(ctx: dict, ref: Reference, reps: int, contents: list, shared: set, setup, gap_ns: int = 0) -> int:
+def resized(ctx: DecisionContext, ref: Reference, reps: int, contents: list, shared: set, setup,
+            gap_ns: int = 0) -> int:
     """Calls per sample in graph timing. The sizes came from the original's plain launches (the solo time),
     which a replay runs several times faster: on the H200 the MoE's samples were 2 calls, 0.3 ms where 2 ms
     is the aim, and each sample's fixed costs (the syncs around it, a first launch from an idle GPU) pulled
@@ -150,15 +153,15 @@ def resized(ctx: dict, ref: Reference, reps: int, contents: list, shared: set, s
     anew (`setup`) where more calls need more of them (never more calls than buffer sets)."""
     from tilesmith.gate import timing
 
-    policy = ctx["policy"]
+    policy = ctx.policy
     try:
         probe = timing.solo_ns(ref.timer, ref.base_role, policy.call_timeout_s, gap_ns=gap_ns)
     except RuntimeError:  # a failing call shows in the timed samples themselves, with its reason
         return reps
-    reps, buffers, again = timing.resize(policy, reps, ctx["buffers"], probe, contents, shared)
-    ctx["solo_in_mode_ns"] = probe  # what the baseline-slowed warning compares with
+    reps, buffers, again = timing.resize(policy, reps, ctx.buffers, probe, contents, shared)
+    ctx.solo_in_mode_ns = probe  # what the baseline-slowed warning compares with
     if again:
-        ctx["buffers"] = buffers
+        ctx.buffers = buffers
         setup(False)
     return reps
 
@@ -170,18 +173,19 @@ def _random_graph(gdir: Path) -> bool:
     return re.search(r"inductor_seeds|inductor_random|inductor_lookup_seed|philox|\brand(n|int|perm|_like)?\(", text) is not None
 
 
-def _timing_checks(p: Pass, ctx: dict, w, ref: Reference, kept: list, orig_sets: list, contents: list) -> list[Reason]:
+def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list, orig_sets: list,
+                   contents: list) -> list[Reason]:
     """The outputs of the timed calls the parent kept, against the original's outputs on exactly the same
     inputs, computed in the reference worker (which never loads the candidate)."""
     import torch
 
     from tilesmith.gate.correctness import compare_values
 
-    policy, buffers = ctx["policy"], ctx["buffers"]
+    policy, buffers = ctx.policy, ctx.buffers
     o = w.dir / f"checks-{p.seed}.pt"
     w.request({"op": "checks", "out_file": str(o), "keep": True}, policy.call_timeout_s)
     got = load_raw(o, torch)
-    if _random_graph(ctx["gdir"]):  # outputs depend on the RNG state, which timed calls advance
+    if _random_graph(ctx.gdir):  # outputs depend on the RNG state, which timed calls advance
         return []
     reps = p.timing.calls_per_sample
     if not isinstance(got, list) or len(got) != len(kept) or not all(_kept_ok(g, s, reps) for g, s in zip(got, kept)):

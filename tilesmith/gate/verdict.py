@@ -148,8 +148,8 @@ class Verdict:
     reference64: bool = False  # whether a float64 run of the FX program was available
     min_improvement: float = 0.02
     wall_s: float = 0.0
-    # Wall seconds per step of the deciding thread (gate/__init__.py _Clock, e.g. "first.timing"); steps that run in
-    # the background (the reference worker) are listed too, so they can add up to more than wall_s.
+    # Wall seconds per step of the deciding thread (gate/context.py StageClock, e.g. "first.timing"); steps that
+    # run in the background (the reference worker) are listed too, so they can add up to more than wall_s.
     stage_seconds: dict[str, float] = field(default_factory=dict)
     timing_baseline_sha256: str | None = None  # set when the timing baseline was not the original
     checked_only: bool = False  # judged with Policy.correctness_only: no timing, never accepted

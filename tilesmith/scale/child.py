@@ -110,9 +110,9 @@ def stack_mismatch(captured: dict) -> str:
 
     import torch
 
-    from tilesmith.environment import _triton_version
+    from tilesmith.environment import triton_version
 
-    here = {"torch": torch.__version__, "triton": _triton_version(), "cuda_runtime": torch.version.cuda,
+    here = {"torch": torch.__version__, "triton": triton_version(), "cuda_runtime": torch.version.cuda,
             "python": platform.python_version(), "machine": platform.machine()}
     diff = [f"{k} {here[k]} here, {captured.get(k)} at capture" for k in STACK
             if k in captured and captured.get(k) != here[k]]
