@@ -22,25 +22,13 @@ def stops_updating_after_n_calls(text: str, n: int = 16) -> str:
     return _after_clear(text, f"self.partitions.append(None)\nif len(self.partitions) > {n}:\n    return ()")
 
 
-def updates_on_scratch_copies(text: str) -> str:
-    """Every kernel call that writes an input in place writes a copy of it instead: the outputs are the
-    original's, the running statistics (or parameters) are never updated."""
-    names = _updated_names(text)
-    out, n = [], 0
-    for line in text.splitlines(keepends=True):
-        m = re.match(r"^(        )(\w+)\((.*)\)\n$", line)
-        if m and m.group(2).startswith(("cpp_fused", "triton_")) and any(a in names for a in _args(m.group(3))):
-            args = _args(m.group(3))
-            seen = [a for a in dict.fromkeys(args) if a in names]
-            out += [f"{m.group(1)}_scratch_{a} = {a}.clone()\n" for a in seen]
-            # inputs read before they are written keep their first position; every later one writes the copy
-            firsts = {}
-            new = [a if a not in names or firsts.setdefault(a, i) == i else f"_scratch_{a}" for i, a in enumerate(args)]
-            line = f"{m.group(1)}{m.group(2)}({', '.join(new)})\n"
-            n += 1
-        out.append(line)
-    assert n, "no kernel call writes an input in place"
-    return "".join(out)
+def updates_copies_instead(text: str) -> str:
+    """Each input the original updates in place is swapped for a copy of itself as the call starts: every kernel
+    runs as before on the same values, the outputs are the original's, and the caller's running statistics (or
+    parameters) are never updated."""
+    names = sorted(_updated_names(text))
+    assert names, "the FX program copies into no input"
+    return _after_clear(text, "\n".join(f"{n} = {n}.clone()" for n in names))
 
 
 def updates_twice(text: str) -> str:
@@ -53,7 +41,3 @@ def updates_twice(text: str) -> str:
 def _updated_names(text: str) -> set[str]:
     """The wrapper's names of the inputs its FX program copies into (`copy_` of a placeholder)."""
     return set(re.findall(r"aten\.copy_\.default\((\w+),", text))
-
-
-def _args(s: str) -> list[str]:
-    return [a.strip() for a in s.split(",") if a.strip()]

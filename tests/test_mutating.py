@@ -66,8 +66,8 @@ def test_an_updating_original_is_not_faster_than_itself_and_wins_against_a_slowe
 
 @pytest.mark.parametrize("role,maker,code", [
     ("step", cheats.stops_updating_after_n_calls, "wrong-values-in-timing"),
-    ("forward", cheats.updates_on_scratch_copies, "input-mutated"),
-    ("step", cheats.updates_on_scratch_copies, "input-mutated"),
+    ("forward", cheats.updates_copies_instead, "input-mutated"),
+    ("step", cheats.updates_copies_instead, "input-mutated"),
     ("forward", cheats.updates_twice, "input-mutated"),
 ], ids=["step-stops-updating", "forward-skips-statistics", "step-skips-update", "forward-updates-twice"])
 def test_a_candidate_that_skips_or_repeats_an_update_is_rejected_for_it(ws, role, maker, code, tmp_path):
