@@ -33,9 +33,14 @@ class Entry:
 
 
 def entry(name: str, device: str, mode: str | None = None) -> Entry:
-    """`gpt2`, `llama`, `resnet18`, `vit` (+ `-train`), or `moe` / `inference` (the examples), on `device`."""
+    """`gpt2`, `llama`, `resnet18`, `vit` (+ `-train`), `moe` / `inference` (the examples), or `step-sgd` /
+    `step-adamw` (a training loop with BatchNorm and its optimizer step compiled: tests/fixtures/train_step.py), on
+    `device`."""
     base, train = name.removesuffix("-train"), name.endswith("-train")
     tail = ("--device", device) + (("--mode", mode) if mode else ())
+    if name.startswith("step-"):
+        return Entry(name + (f"@{mode}" if mode else ""), FIXTURES / "train_step.py",
+                     ("--optimizer", name.removeprefix("step-"), "--steps", "4") + tail)
     if base in ("moe", "inference"):
         return Entry(name + (f"@{mode}" if mode else ""), EXAMPLES / f"{base}.py", ("--steps", "2") + tail)
     return Entry(name + (f"@{mode}" if mode else ""), MODEL, ("--model", base) + (("--train",) if train else ()) + tail)

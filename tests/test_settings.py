@@ -43,6 +43,9 @@ def test_unset_settings_take_their_documented_defaults():
     assert (s.model, s.gate_spares, s.native_dir, s.model_wait_s, s.verify, s.debug) == (None, None, None, "60", "",
                                                                                          False)
     assert s.rewrites == ""  # the tuner's graph rewrites are off unless TILESMITH_REWRITES turns them on
+    assert s.in_place is settings.IN_PLACE_DEFAULT
+    assert settings.current({"TILESMITH_IN_PLACE": "0"}).in_place is False
+    assert settings.current({"TILESMITH_IN_PLACE": "1"}).in_place is True
 
 
 def test_a_bad_choice_is_a_usage_error_only_where_that_setting_is_used():

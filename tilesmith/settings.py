@@ -28,7 +28,11 @@ VARIABLES = {
     "web_search": "TILESMITH_WEB_SEARCH", "sandbox": "TILESMITH_SANDBOX", "fork_workers": "TILESMITH_FORK_WORKERS",
     "gate_spares": "TILESMITH_GATE_SPARES", "relower": "TILESMITH_RELOWER", "relower_only": "TILESMITH_RELOWER_ONLY",
     "native_dir": "TILESMITH_NATIVE_DIR", "debug": "TILESMITH_DEBUG", "rewrites": "TILESMITH_REWRITES",
+    "in_place": "TILESMITH_IN_PLACE",
 }
+# Whether graphs that update their inputs in place (running statistics, optimizer steps, KV caches) are optimized
+# when TILESMITH_IN_PLACE is unset.
+IN_PLACE_DEFAULT = True
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Settings:
     native_dir: str | None  # where the replay's C address check is built; None or "" for the default
     debug: bool  # the CLI prints the traceback of an unexpected error (any non-empty value)
     rewrites: str  # the tuner's graph rewrites: "" (off, the default), 1/all, or names (search/rewrites reads it)
+    in_place: bool  # capture makes graphs that update their inputs in place eligible (default IN_PLACE_DEFAULT)
 
     @property
     def sandbox_mode(self) -> str:
@@ -84,7 +89,8 @@ def current(environ=None) -> Settings:
         web_search=_word(raw["web_search"]), sandbox=_word(raw["sandbox"]), fork_workers=_word(raw["fork_workers"]),
         gate_spares=raw["gate_spares"], relower=raw["relower"] if raw["relower"] is not None else "auto",
         relower_only=raw["relower_only"] or "", native_dir=raw["native_dir"], debug=bool(raw["debug"]),
-        rewrites=(raw["rewrites"] or "").strip())
+        rewrites=(raw["rewrites"] or "").strip(),
+        in_place=_switch(raw["in_place"]) if (raw["in_place"] or "").strip() else IN_PLACE_DEFAULT)
 
 
 def _switch(value: str | None) -> bool:

@@ -2,6 +2,8 @@
 # `make gpu-smoke`: one device call (about 6-8 minutes; give the call 540 s) on a fresh GPU machine, from a clean checkout, after
 # `make install`. Side by side (16 cores, one GPU; the gate's paired, interleaved timing holds under that load):
 #   flow-reduce-overhead, flow-default  the README's flow on examples/moe.py as a user types it (tests/gpu/smoke_flow.py)
+#   flow-train                          the same on a training loop whose graphs update their inputs in place
+#                                       (tests/fixtures/train_step.py: BatchNorm, SGD's step compiled)
 #   corpus                              the gate's honest corpus on CUDA (tests/gpu/test_corpus_gpu.py)
 #   redteam                             the GPU red team (tests/gpu/test_gate_redteam_gpu.py)
 # One PASS/FAIL line per step, then the logs' tails of what failed; exits non-zero unless every step passed.
@@ -28,11 +30,12 @@ step() {  # name, command...: runs in the background, leaves its status in $OUT/
 }
 step flow-reduce-overhead timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --mode reduce-overhead --dir /tmp/smoke-ro --minutes "${SMOKE_MINUTES:-1}"
 step flow-default timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --mode default --dir /tmp/smoke-default --minutes "${SMOKE_MINUTES:-1}"
+step flow-train timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --script tests/fixtures/train_step.py --dir /tmp/smoke-train --minutes "${SMOKE_MINUTES:-1}" -- --steps 20
 step corpus pytest_ "$CORPUS_LIMIT" corpus -n 4 tests/gpu/test_corpus_gpu.py
 step redteam pytest_ "$LIMIT" redteam -n 3 tests/gpu/test_gate_redteam_gpu.py
 wait
 failed=0
-for name in flow-reduce-overhead flow-default corpus redteam; do
+for name in flow-reduce-overhead flow-default flow-train corpus redteam; do
     read -r rc secs < "$OUT/$name.rc" || { rc=1; secs=?; }
     summary=$(grep -hE "^smoke: |[0-9]+ (passed|failed)" "$OUT/$name.log" | tail -n 1)
     if [ "$rc" = 0 ]; then echo "PASS $name (${secs} s) $summary"; else echo "FAIL $name (rc $rc, ${secs} s) $summary"; failed=1; fi
@@ -46,7 +49,7 @@ for r in rows:
     print(f"  {r['graph']} {r['kind']:<9} {r['compile_mode']:<10} {r['case']:<7} {'accepted' if r['accepted'] else r['stage']:<11} "
           f"{','.join(r['codes']):<24} {r['speedup'] or 0:.3f}x {r['seconds']:>5} s {r['false_rejection'][:150]}")
 PY
-for name in flow-reduce-overhead flow-default corpus redteam; do
+for name in flow-reduce-overhead flow-default flow-train corpus redteam; do
     read -r rc _ < "$OUT/$name.rc" 2>/dev/null || rc=1
     [ "$rc" = 0 ] || { echo "----- $name (last lines)"; tail -n 25 "$OUT/$name.log"; }
 done

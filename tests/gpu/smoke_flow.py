@@ -1,8 +1,9 @@
 """One step of `make gpu-smoke`: the README's flow as a user types it, in a fresh folder, on a GPU.
 
-    python tests/gpu/smoke_flow.py --mode reduce-overhead --dir /tmp/smoke-ro [--minutes 1]
+    python tests/gpu/smoke_flow.py --mode reduce-overhead --dir /tmp/smoke-ro [--minutes 1] [--script S] [-- ARGS]
 
-`tilesmith capture examples/moe.py -- --mode MODE`, `tilesmith optimize --optimizer tuner --max-minutes M`,
+`tilesmith capture examples/moe.py -- --mode MODE` (or script S with ARGS: tests/fixtures/train_step.py, whose
+graphs update their inputs in place), `tilesmith optimize --optimizer tuner --max-minutes M`,
 `tilesmith install RUN`, then the script again with the runtime. It passes only if a candidate was accepted,
 installed, and substituted by the runtime in the program, whose output matches the run without the runtime, and
 TILESMITH_VERIFY=2 checks it against Inductor's code in the program without a difference. Prints what it found and exits non-zero on the first step that fails.
@@ -49,15 +50,18 @@ def main() -> int:
     ap.add_argument("--mode", default="default")
     ap.add_argument("--dir", required=True)
     ap.add_argument("--minutes", type=float, default=1.0)
+    ap.add_argument("--script", type=Path, default=EXAMPLE)
+    ap.add_argument("args", nargs="*", help="the script's own arguments (after --)")
     a = ap.parse_args()
+    script = a.script.resolve()
     d = Path(a.dir)
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     os.chdir(d)  # a fresh folder: the workspace and home are the defaults a user gets there
     os.environ["TILESMITH_HOME"] = str(d / "home")
-    mode = [] if a.mode == "default" else ["--mode", a.mode]
+    mode = ([] if a.mode == "default" else ["--mode", a.mode]) + a.args
     ts = tilesmith()
-    run(f"tilesmith capture {EXAMPLE} -- {' '.join(mode)}", ts + ["capture", str(EXAMPLE), "--", *mode])
+    run(f"tilesmith capture {script} -- {' '.join(mode)}", ts + ["capture", str(script), "--", *mode])
     opt = run(f"tilesmith optimize --optimizer tuner --max-minutes {a.minutes} --json",
               ts + ["optimize", "--optimizer", "tuner", "--max-minutes", str(a.minutes), "--json"])
     result = json.loads(opt.stdout[opt.stdout.index("{"):])
@@ -67,10 +71,10 @@ def main() -> int:
     if not won:
         sys.exit("smoke: the tuner's optimize accepted nothing")
     run(f"tilesmith install {result['run_id']}", ts + ["install", result["run_id"]])
-    plain = run(f"python {EXAMPLE.name} {' '.join(mode)}", [sys.executable, str(EXAMPLE), *mode])
+    plain = run(f"python {script.name} {' '.join(mode)}", [sys.executable, str(script), *mode])
     code = ("import json, runpy, sys, tilesmith.runtime as rt; sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__'); print('runtime:', json.dumps(rt.stats().to_dict()))")
-    again = run(f"python {EXAMPLE.name} {' '.join(mode)} with the runtime", [sys.executable, "-c", code, str(EXAMPLE), *mode])
+    again = run(f"python {script.name} {' '.join(mode)} with the runtime", [sys.executable, "-c", code, str(script), *mode])
     stats = json.loads(again.stdout.split("runtime:", 1)[1])
     used = set(stats.get("substituted_keys") or [])
     if not used & {t["key"] for t in won}:
@@ -78,8 +82,8 @@ def main() -> int:
     a_sum, b_sum = checksum(plain.stdout), checksum(again.stdout)
     if abs(a_sum - b_sum) > 1e-2 * max(1.0, abs(a_sum)):
         sys.exit(f"smoke: the program's output changed with the runtime ({a_sum} vs {b_sum})")
-    checked = run(f"TILESMITH_VERIFY=2 python {EXAMPLE.name} {' '.join(mode)} with the runtime",
-                  [sys.executable, "-c", code, str(EXAMPLE), *mode], env={"TILESMITH_VERIFY": "2"})
+    checked = run(f"TILESMITH_VERIFY=2 python {script.name} {' '.join(mode)} with the runtime",
+                  [sys.executable, "-c", code, str(script), *mode], env={"TILESMITH_VERIFY": "2"})
     v = json.loads(checked.stdout.split("runtime:", 1)[1]).get("verified") or {}
     if not v or any(x.get("failed") or not x.get("verified_calls") for x in v.values()):
         sys.exit(f"smoke: TILESMITH_VERIFY did not check the installed win against Inductor's code cleanly ({v})")

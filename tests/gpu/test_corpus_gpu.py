@@ -1,6 +1,7 @@
 """The gate's honest corpus on CUDA (tests/corpus.py): GPU-sized graphs of real models (transformers' GPT-2 and a
 Llama-style decoder in bf16, torchvision's ResNet-18, timm's ViT, the MoE example in default and reduce-overhead
-mode, GPT-2's training forward and backward), each original judged against itself (not faster, never a failure),
+mode, GPT-2's training forward and backward, and a training loop's graphs that update their inputs in place: a
+BatchNorm forward and an SGD step compiled as its own graph), each original judged against itself (not faster, never a failure),
 each default-mode graph's whole-call replay (the tuner's first move) and the original against a slowed copy
 (genuine wins, accepted). Every model is captured at once, side by side, when the first test asks for one.
 
@@ -17,13 +18,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests import corpus  # noqa: E402
+from tests import corpus, redteam_updates  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 ENTRIES = [corpus.entry("moe", "cuda", "reduce-overhead"), corpus.entry("moe", "cuda"), corpus.entry("gpt2", "cuda"),
            corpus.entry("llama", "cuda"), corpus.entry("resnet18", "cuda"), corpus.entry("vit", "cuda"),
-           corpus.entry("gpt2-train", "cuda")]
+           corpus.entry("gpt2-train", "cuda"), corpus.entry("step-sgd", "cuda")]
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +69,7 @@ def test_gpu_corpus_original_is_judged_not_faster_than_itself(captured, name, tm
     assert not problems, problems
 
 
-@pytest.mark.parametrize("name", ["moe", "gpt2", "resnet18", "vit"])
+@pytest.mark.parametrize("name", ["moe", "gpt2", "resnet18", "vit", "step-sgd"])
 def test_gpu_corpus_whole_call_replay_of_a_default_mode_graph_is_accepted(captured, name, tmp_path):
     from tilesmith.search.graphed import graphed_text
 
@@ -80,7 +81,7 @@ def test_gpu_corpus_whole_call_replay_of_a_default_mode_graph_is_accepted(captur
     assert not problems, problems
 
 
-@pytest.mark.parametrize("name", ["moe@reduce-overhead", "llama", "gpt2-train"])
+@pytest.mark.parametrize("name", ["moe@reduce-overhead", "llama", "gpt2-train", "step-sgd"])
 def test_gpu_corpus_original_against_a_slowed_copy_is_accepted(captured, name, tmp_path):
     problems = []
     for g in _graphs(captured, name):
@@ -98,3 +99,16 @@ def test_gpu_corpus_library_habits_at_first_call_are_not_rejected(captured, make
     slow = corpus.slowed_copy(g, tmp_path / "slow")
     v, problem = corpus.judged(slow, maker((g / "wrapper.py").read_text()), tmp_path / "cand", "win")
     assert not problem, problem
+
+
+@pytest.mark.parametrize("maker,code", [(redteam_updates.stops_updating_after_n_calls, "wrong-values-in-timing"),
+                                        (redteam_updates.updates_copies_instead, "input-mutated")],
+                         ids=["stops-updating", "updates-copies"])
+def test_gpu_an_optimizer_step_that_skips_its_update_is_rejected_for_it(captured, maker, code, tmp_path):
+    """The SGD step (12 inputs updated in place, no outputs), cheated two ways: the gate names each."""
+    import json
+
+    (g,) = [g for g in _graphs(captured, "step-sgd")
+            if len(json.loads((g / "graph.json").read_text())["mutated_inputs"]) == 12]
+    v, _ = corpus.judged(g, maker((g / "wrapper.py").read_text()), tmp_path, "cheat")
+    assert not v.accepted and code in v.codes, (v.stage, v.reasons)

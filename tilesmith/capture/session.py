@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tilesmith import environment, paths, runtime, source
+from tilesmith import environment, paths, runtime, settings, source
 from tilesmith.capture import tensors
 from tilesmith.capture.gaps import GapWatch
 from tilesmith.runtime import hook
@@ -137,9 +137,9 @@ class CaptureSession:
             return "dynamic shapes (symbolic sizes): only static-shape graphs are optimized"
         if "+" in info.device:
             return f"several devices ({info.device}): only single-device graphs are optimized"
-        if getattr(g, "mutated_input_idxs", None):
+        if getattr(g, "mutated_input_idxs", None) and not settings.current().in_place:
             names = ", ".join(sorted(getattr(g, "mutated_inputs", None) or [])) or "some inputs"
-            return f"mutates its inputs ({names}): not optimized yet"
+            return f"updates its inputs in place ({names}): TILESMITH_IN_PLACE=0 leaves such graphs alone"
         if getattr(g, "frozen_param_names", None) and any(
             getattr(t, "is_mkldnn", False) for t in consts.values() if isinstance(t, torch.Tensor)
         ):
@@ -248,6 +248,9 @@ class CaptureSession:
     def _store_first_call(self, g, info, gdir, meta, refs, saved, rng, out) -> None:
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
         meta["inputs"] = [tensors.describe(a, i) for i, a in enumerate(refs)]
+        for i in meta.get("mutated_inputs") or []:  # updated by the call: described as the call found them
+            if i < len(refs) and isinstance(saved[i], torch.Tensor):
+                meta["inputs"][i].update(updated_in_place=True, range=tensors.value_range(saved[i]))
         meta["outputs"] = [tensors.describe(o, i) for i, o in enumerate(outs)]
         if any(isinstance(a, int) and not isinstance(a, bool) for a in refs) and info.eligible:
             info.eligible, info.reason = False, "dynamic shapes (integer size arguments): only static-shape graphs are optimized"

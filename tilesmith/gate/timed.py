@@ -22,11 +22,11 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
     import torch
 
     from tilesmith.gate import timing
-    from tilesmith.gate.inputs import parameter_indices
+    from tilesmith.gate.inputs import shared_indices
 
     policy, clock, mode = ctx.policy, ctx.clock, ctx.mode
     ctx.note("timing", f"timing ({mode}), paired and interleaved, the original in its own worker and beside the candidate")
-    shared = parameter_indices(ctx.meta)
+    shared = shared_indices(ctx.meta)
     gap_ns = program_gap_ns(ctx.meta, ctx.device, policy)
     # In graph timing the confirmation pass sizes from the first pass's probe (resized) directly.
     known = ctx.solo_in_mode_ns if mode == "graph" else None
@@ -75,7 +75,7 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
     if p.timing is None:
         return reasons
     with clock(f"{key}.timing_checks"):
-        bad = _timing_checks(p, ctx, w, ref, kept, r["base"][p.seed]["sets"], contents)
+        bad = _timing_checks(p, ctx, w, ref, kept, contents)
     return bad or reasons
 
 
@@ -173,8 +173,7 @@ def _random_graph(gdir: Path) -> bool:
     return re.search(r"inductor_seeds|inductor_random|inductor_lookup_seed|philox|\brand(n|int|perm|_like)?\(", text) is not None
 
 
-def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list, orig_sets: list,
-                   contents: list) -> list[Reason]:
+def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list, contents: list) -> list[Reason]:
     """The outputs of the timed calls the parent kept, against the original's outputs on exactly the same
     inputs, computed in the reference worker (which never loads the candidate)."""
     import torch
@@ -192,10 +191,11 @@ def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list,
         # Each kept sample names two calls (one drawn, and the last) with an output list each: the files the
         # worker wrote them to are in the candidate's folder, and a sample emptied there must not pass unchecked.
         return [Reason("protocol", "the candidate worker's kept timed samples do not match the ones chosen")]
-    # A graph that updates its inputs in place (running statistics) changes its buffers call by call:
-    # only each buffer's first call after a refill read the inputs the original is run on here.
-    first_use = any(bool(x.get("mutated")) for x in orig_sets)
-    calls = [[c for c in g["calls"] if 0 <= c and (not first_use or c < buffers)] for g in got]
+    # No call of a sample reads a buffer set another call of it read (timing.sample_size), and each set was
+    # refilled before the sample: the original on a rebuilt set reads what the candidate's call read, inputs it
+    # updates in place included (gate.inputs.shared_indices), and each call's outputs end with those inputs'
+    # values after it.
+    calls = [[c for c in g["calls"] if 0 <= c < buffers] for g in got]
     samples = [{"start": s.start, "fill": s.fill, "perturb": s.perturb, "calls": cs} for s, cs in zip(kept, calls)]
     f, o = ref.worker.dir / f"contents-{p.seed}.pt", ref.worker.dir / f"original-checks-{p.seed}.pt"
     save_sets(f, contents, torch)  # the pass's pool and buffers, in the worker that runs the original

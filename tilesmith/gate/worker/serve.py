@@ -27,7 +27,7 @@ from tilesmith.capture.tensors import span_numel  # noqa: E402
 from tilesmith.gate import clock  # noqa: E402
 from tilesmith.gate.worker import audit, guard, patches, seccomp  # noqa: E402
 from tilesmith.gate.worker.fingerprint import _state_change, process_state  # noqa: E402
-from tilesmith.gate.inputs import parameter_indices, trees_static  # noqa: E402
+from tilesmith.gate.inputs import shared_indices, trees_static  # noqa: E402
 from tilesmith.gate.worker.outputs import _call, op_outputs, op_ref64  # noqa: E402
 from tilesmith.gate.worker.state import State  # noqa: E402
 from tilesmith.gate.worker.tensors import PRIMS, _refill, _to_cpu, _to_device, outputs_digest, snapshot as _snapshot  # noqa: E402
@@ -111,7 +111,8 @@ def op_time_setup(st: State, req: dict) -> dict:
     contents = torch.load(req["sets_file"], weights_only=True)["inputs"]
     st.trees_fallback = {}  # this request's roles only (a kept worker times later decisions too)
     n = max(1, int(req.get("buffers") or len(contents)))
-    st.shared = parameter_indices(st.data.meta) if st.data else set()
+    st.shared = shared_indices(st.data.meta) if st.data else set()
+    updated = _updated(st)
     for role in req["roles"]:
         st.timed.pop(role, None)  # a second setup (more buffer sets): the old graphs go before new ones are made
         st.trees_roles.discard(role)
@@ -137,12 +138,29 @@ def op_time_setup(st: State, req: dict) -> dict:
             st.timed[role] = [_capture_graph(st, role, fn, b) for b in st.bufs[role]]
         else:
             st.timed[role] = [(lambda fn=fn, b=b: fn(list(b))) for b in st.bufs[role]]
+        if updated:  # each call's outputs, then the inputs it updates in place as that call left them
+            st.timed[role] = [functools.partial(_with_updated, t, tuple(b[i] for i in updated))
+                              for t, b in zip(st.timed[role], st.bufs[role])]
         with torch.no_grad():
             for _ in range(2):  # warm-up: first calls autotune and allocate, a replay records its graphs
                 for thunk in st.timed[role]:
                     thunk()
     _device_sync()
     return {"trees_fallback": dict(st.trees_fallback)} if st.trees_fallback else {}
+
+
+def _updated(st: State) -> list[int]:
+    """The tensor inputs the graph updates in place (graph.json's mutated_inputs)."""
+    return sorted(int(i) for i in ((st.data.meta if st.data else {}).get("mutated_inputs") or []))
+
+
+def _with_updated(thunk, updated: tuple, seqs=(list, tuple), type_=type) -> list:
+    """A timed call of a graph that updates inputs in place: its outputs, then those inputs (its own buffer set's,
+    gate.inputs.shared_indices). The reservoir's snapshot of a kept call, and the last call's, then hold the
+    values that call left, checked against the original's like any output (op_original_checks): skipping an
+    update, or making it on some calls only, is wrong values in timing."""
+    out = thunk()
+    return [*out, *updated] if type_(out) in seqs else [out, *updated]
 
 
 def _trees(st: State, role: str, fn) -> list:
@@ -394,7 +412,7 @@ def op_original_checks(st: State, req: dict) -> dict:
             bufs = st.bufs[role][b]
             _set_content(st, bufs, st.pool[role][sample["fill"][b]], sample["perturb"], b)
             _, res = _call(st, "baseline", bufs, False)
-            outs.append(res)
+            outs.append(res + [_to_cpu(bufs[i]) for i in _updated(st)])
         results.append(outs)
     torch.save(results, req["out_file"])
     return {}

@@ -1,0 +1,97 @@
+"""Graphs that update their inputs in place, from a training loop as users write it (tests/fixtures/train_step.py:
+BatchNorm's running statistics in the forward, SGD with momentum compiled as its own step): captured as eligible,
+their originals judged honestly (not faster than themselves, accepted against a slowed copy), the cheats of this
+kind rejected for their own reasons (tests/redteam_updates.py), and the program run with artifacts for every graph
+giving the same losses, statistics and weights as without them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests import corpus, redteam_updates as cheats
+from tests.conftest import FIXTURES, captured_workspace
+from tests.test_runtime import install_direct, marker_artifact, number, run, stats_of, warnings_in
+
+pytestmark = pytest.mark.slow
+TRAIN = FIXTURES / "train_step.py"
+
+
+@pytest.fixture(autouse=True)
+def one_thread_per_worker(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as tests/test_gate_corpus.py: no OpenMP team on a shared 2-CPU box
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory, inductor_cache):
+    return captured_workspace(tmp_path_factory, "ws-train-step", TRAIN, "--optimizer", "sgd")
+
+
+def _graphs(ws) -> dict:
+    """graph.json by role: forward, backward, the first step (it makes the momentum buffers), the later step."""
+    metas = [json.loads((g / "graph.json").read_text()) for g in sorted((ws / "graphs").iterdir())]
+    steps = sorted((m for m in metas if m["kind"] == "inference"), key=lambda m: len(m["mutated_inputs"]))
+    by = {m["kind"]: m for m in metas if m["kind"] != "inference"}
+    return {**by, "first-step": steps[0], "step": steps[1]}
+
+
+def _dir(ws, meta):
+    return ws / "graphs" / meta["key"]
+
+
+def test_graphs_that_update_inputs_in_place_are_eligible_and_say_which_inputs(ws):
+    g = _graphs(ws)
+    assert all(m["eligible"] for m in g.values()), {k: m["reason"] for k, m in g.items()}
+    # BatchNorm: its batch counter, running mean and running variance, all module buffers
+    fw = g["forward"]
+    assert len(fw["mutated_inputs"]) == 3 and g["backward"]["mutated_inputs"] == []
+    assert all(fw["inputs"][i]["parameter"] and fw["inputs"][i]["updated_in_place"] for i in fw["mutated_inputs"])
+    # SGD with momentum: 6 parameters and their 6 momentum buffers; the gradients are read only
+    step = g["step"]
+    assert len(step["mutated_inputs"]) == 12 and len(step["inputs"]) == 18 and step["outputs"] == []
+    assert sum(bool(d.get("updated_in_place")) for d in step["inputs"]) == 12
+
+
+@pytest.mark.parametrize("role", ["forward", "first-step", "step"])
+def test_an_updating_original_is_not_faster_than_itself_and_wins_against_a_slowed_copy(ws, role, tmp_path):
+    g = _dir(ws, _graphs(ws)[role])
+    text = (g / "wrapper.py").read_text()
+    _, problem = corpus.judged(g, text, tmp_path / "aa", "aa")
+    assert not problem, problem
+    slow = corpus.slowed_copy(g, tmp_path / "slow")
+    v, problem = corpus.judged(slow, text, tmp_path / "win", "win")
+    assert not problem, problem
+
+
+@pytest.mark.parametrize("role,maker,code", [
+    ("step", cheats.stops_updating_after_n_calls, "wrong-values-in-timing"),
+    ("forward", cheats.updates_copies_instead, "input-mutated"),
+    ("step", cheats.updates_copies_instead, "input-mutated"),
+    ("forward", cheats.updates_twice, "input-mutated"),
+], ids=["step-stops-updating", "forward-skips-statistics", "step-skips-update", "forward-updates-twice"])
+def test_a_candidate_that_skips_or_repeats_an_update_is_rejected_for_it(ws, role, maker, code, tmp_path):
+    from tilesmith.gate import static
+
+    g = _dir(ws, _graphs(ws)[role])
+    cheat = maker((g / "wrapper.py").read_text())
+    assert static.screen(cheat) == [] and static.allowlist(cheat) == []  # only the gate's dynamic checks can see it
+    v, _ = corpus.judged(g, cheat, tmp_path, "cheat")
+    assert not v.accepted and code in v.codes, (v.stage, v.reasons)
+
+
+def test_the_training_loop_with_artifacts_for_every_graph_ends_with_the_same_losses_and_state(ws, tmp_path):
+    """Every graph's artifact (Inductor's wrapper plus a marker) substituted and verified on its first calls: the
+    loss, the running statistics and the weights after 6 steps are those of the run without tilesmith."""
+    metas = _graphs(ws)
+    for m in metas.values():
+        install_direct(ws, m["key"], marker_artifact((_dir(ws, m) / "wrapper.py").read_text(), m["key"]))
+    cache = tmp_path / "cache"
+    p = run(TRAIN, "--steps", "6", cache=cache, env={"TILESMITH_VERIFY": "3"})
+    plain = run(TRAIN, "--steps", "6", cache=cache, runtime=False)
+    assert p.returncode == 0 and plain.returncode == 0, p.stderr[-3000:] + plain.stderr[-3000:]
+    s = stats_of(p)
+    assert s["substituted"] == 4 and s["fallbacks"] == [] and warnings_in(p) == [], s
+    assert all(not v["failed"] for v in s["verified"].values()), s["verified"]
+    for label in ("loss", "running_mean", "weight"):
+        assert number(p, label) == number(plain, label), label
