@@ -6,7 +6,7 @@ each default-mode graph's whole-call replay (the tuner's first move) and the ori
 (genuine wins, accepted). Every model is captured at once, side by side, when the first test asks for one.
 
 TILESMITH_CORPUS_KEEP=DIR captures into DIR/corpus and keeps the workspaces (tests/gpu/audit_probe.py reads them).
-Runs under pytest-xdist (`-n 4`): the captures are shared, the decisions spread over the processes."""
+Runs under pytest-xdist (`-n 6`): the captures are shared, the decisions spread over the processes."""
 
 from __future__ import annotations
 
