@@ -68,6 +68,8 @@ NOT_FASTER = {"not-faster"}
 def false_rejection(v, case: str) -> str:
     """Why the verdict `v` for an honest candidate is a false rejection ("" when it is not)."""
     codes = set(v.codes)
+    if case == "cheat":  # a red-team candidate: only its acceptance would be a problem (not a false rejection)
+        return "a cheat was accepted" if v.accepted else ""
     if case == "aa":
         if v.accepted:
             return "the original was accepted as faster than itself"

@@ -7,7 +7,8 @@
 #   corpus                              the gate's honest corpus on CUDA (tests/gpu/test_corpus_gpu.py)
 #   redteam                             the GPU red team (tests/gpu/test_gate_redteam_gpu.py)
 # One PASS/FAIL line per step, then the logs' tails of what failed; exits non-zero unless every step passed.
-# OUT: where logs go (default gpu-out); PY: the interpreter (make passes the venv's); SMOKE_MINUTES: each flow's budget.
+# OUT: where logs go (default gpu-out); PY: the interpreter (make passes the venv's); SMOKE_MINUTES: the MoE flows'
+# optimize budget (1), TRAIN_MINUTES the training loop's (2.5: four graphs).
 set -u
 OUT=${OUT:-gpu-out}
 PY=${PY:-python3}
@@ -30,7 +31,7 @@ step() {  # name, command...: runs in the background, leaves its status in $OUT/
 }
 step flow-reduce-overhead timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --mode reduce-overhead --dir /tmp/smoke-ro --minutes "${SMOKE_MINUTES:-1}"
 step flow-default timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --mode default --dir /tmp/smoke-default --minutes "${SMOKE_MINUTES:-1}"
-step flow-train timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --script tests/fixtures/train_step.py --dir /tmp/smoke-train --minutes "${SMOKE_MINUTES:-1}" -- --steps 20
+step flow-train timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --script tests/fixtures/train_step.py --dir /tmp/smoke-train --minutes "${TRAIN_MINUTES:-2.5}" -- --steps 20
 step corpus pytest_ "$CORPUS_LIMIT" corpus -n 6 tests/gpu/test_corpus_gpu.py
 step redteam pytest_ "$LIMIT" redteam -n 3 tests/gpu/test_gate_redteam_gpu.py
 wait

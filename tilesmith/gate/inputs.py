@@ -23,20 +23,16 @@ def parameter_indices(meta: dict) -> set[int]:
     one buffer at one address, as a program's weights stay between steps."""
     return {i for i, d in enumerate(meta.get("inputs") or []) if d.get("parameter")}
 
-def shared_indices(meta: dict) -> set[int]:
-    """Positions of the inputs the timing holds in one buffer for all its buffer sets: the parameters the graph
-    does not update in place. One it updates (running statistics, an optimizer's parameters, moments and step)
-    gets a buffer in each set, refilled before each sample like any other input: each sample starts from a
-    defined state, and the value each call leaves there is checked like an output (gate/worker/serve.py).
-    Held in one buffer, every call would update the same tensor from wherever the last call left it, and no
-    check could know what it should hold."""
-    return parameter_indices(meta) - {int(i) for i in meta.get("mutated_inputs") or []}
+def updated_indices(meta: dict) -> set[int]:
+    """Positions of the inputs the graph updates in place (graph.json's mutated_inputs): running statistics, an
+    optimizer's parameters, moments and step, a KV cache."""
+    return {int(i) for i in meta.get("mutated_inputs") or []}
 
 
 def trees_static(meta: dict) -> list[int] | None:
     """The inputs the gate's trees mode marks static (gate/worker_trees.py): those Inductor marked static
     when it compiled the graph (graph.json's inductor_static_inputs), where each of them is one the gate
-    keeps at one address across its buffer sets (shared_indices) and no input is an earlier graph's
+    keeps at one address across its buffer sets (parameter_indices) and no input is an earlier graph's
     output (graph.json's inputs_from_graphs, empty); None where the capture did not record them, Inductor
     marked others static too (a backward's saved activations) or an input comes from another graph: the
     trees then take their cheapest path, every input static."""
@@ -47,7 +43,7 @@ def trees_static(meta: dict) -> list[int] | None:
         # copy the program never makes. Unknown (None, or an older capture) counts as such an input.
         return None
     marked = sorted({int(i) for i in marked})
-    return marked if set(marked) <= shared_indices(meta) else None
+    return marked if set(marked) <= parameter_indices(meta) else None
 
 
 RANDOM_KINDS = ("normal", "uniform", "positive", "heavy")

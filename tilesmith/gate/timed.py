@@ -22,11 +22,11 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
     import torch
 
     from tilesmith.gate import timing
-    from tilesmith.gate.inputs import shared_indices
+    from tilesmith.gate.inputs import parameter_indices
 
     policy, clock, mode = ctx.policy, ctx.clock, ctx.mode
     ctx.note("timing", f"timing ({mode}), paired and interleaved, the original in its own worker and beside the candidate")
-    shared = shared_indices(ctx.meta)
+    shared = parameter_indices(ctx.meta)
     gap_ns = program_gap_ns(ctx.meta, ctx.device, policy)
     # In graph timing the confirmation pass sizes from the first pass's probe (resized) directly.
     known = ctx.solo_in_mode_ns if mode == "graph" else None
@@ -192,9 +192,9 @@ def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list,
         # worker wrote them to are in the candidate's folder, and a sample emptied there must not pass unchecked.
         return [Reason("protocol", "the candidate worker's kept timed samples do not match the ones chosen")]
     # No call of a sample reads a buffer set another call of it read (timing.sample_size), and each set was
-    # refilled before the sample: the original on a rebuilt set reads what the candidate's call read, inputs it
-    # updates in place included (gate.inputs.shared_indices), and each call's outputs end with those inputs'
-    # values after it.
+    # refilled before the sample; each call's outputs end with the inputs it updates in place as it left them
+    # (gate/worker/serve.py: op_original_checks replays the sample's calls up to each kept one where a parameter
+    # updated in place carries state from call to call).
     calls = [[c for c in g["calls"] if 0 <= c < buffers] for g in got]
     samples = [{"start": s.start, "fill": s.fill, "perturb": s.perturb, "calls": cs} for s, cs in zip(kept, calls)]
     f, o = ref.worker.dir / f"contents-{p.seed}.pt", ref.worker.dir / f"original-checks-{p.seed}.pt"

@@ -27,7 +27,7 @@ from tilesmith.capture.tensors import span_numel  # noqa: E402
 from tilesmith.gate import clock  # noqa: E402
 from tilesmith.gate.worker import audit, guard, patches, seccomp  # noqa: E402
 from tilesmith.gate.worker.fingerprint import _state_change, process_state  # noqa: E402
-from tilesmith.gate.inputs import shared_indices, trees_static  # noqa: E402
+from tilesmith.gate.inputs import parameter_indices, trees_static, updated_indices  # noqa: E402
 from tilesmith.gate.worker.outputs import _call, op_outputs, op_ref64  # noqa: E402
 from tilesmith.gate.worker.state import State  # noqa: E402
 from tilesmith.gate.worker.tensors import PRIMS, _refill, _to_cpu, _to_device, outputs_digest, snapshot as _snapshot  # noqa: E402
@@ -111,7 +111,7 @@ def op_time_setup(st: State, req: dict) -> dict:
     contents = torch.load(req["sets_file"], weights_only=True)["inputs"]
     st.trees_fallback = {}  # this request's roles only (a kept worker times later decisions too)
     n = max(1, int(req.get("buffers") or len(contents)))
-    st.shared = shared_indices(st.data.meta) if st.data else set()
+    st.shared = parameter_indices(st.data.meta) if st.data else set()
     updated = _updated(st)
     for role in req["roles"]:
         st.timed.pop(role, None)  # a second setup (more buffer sets): the old graphs go before new ones are made
@@ -150,15 +150,15 @@ def op_time_setup(st: State, req: dict) -> dict:
 
 
 def _updated(st: State) -> list[int]:
-    """The tensor inputs the graph updates in place (graph.json's mutated_inputs)."""
-    return sorted(int(i) for i in ((st.data.meta if st.data else {}).get("mutated_inputs") or []))
+    """The inputs the graph updates in place (graph.json's mutated_inputs)."""
+    return sorted(updated_indices(st.data.meta)) if st.data else []
 
 
 def _with_updated(thunk, updated: tuple, seqs=(list, tuple), type_=type) -> list:
-    """A timed call of a graph that updates inputs in place: its outputs, then those inputs (its own buffer set's,
-    gate.inputs.shared_indices). The reservoir's snapshot of a kept call, and the last call's, then hold the
-    values that call left, checked against the original's like any output (op_original_checks): skipping an
-    update, or making it on some calls only, is wrong values in timing."""
+    """A timed call of a graph that updates inputs in place: its outputs, then those inputs (a parameter's one
+    buffer, another input's in this call's set). The reservoir's snapshot of a kept call, and the last call's, then
+    hold the values that call left, checked against the original's like any output (op_original_checks): skipping
+    an update, or making it on some calls only, is wrong values in timing."""
     out = thunk()
     return [*out, *updated] if type_(out) in seqs else [out, *updated]
 
@@ -339,7 +339,9 @@ def op_time(st: State, req: dict) -> dict:
     # The pending outputs are the warm-up's to keep or drop: dropped here, a finalizer of theirs would run candidate
     # code after this request's values arrived (a sample asked for without its warm-up replaces them after the window).
     thunks = st.timed[role]
-    n, graph = len(thunks), bool(st.keep.get(role))
+    # Copied when kept: outputs in a CUDA graph's buffers, and the inputs a graph updates in place, which the next
+    # calls of the sample go on updating (the copy costs the candidate alone, once a sample).
+    n, graph = len(thunks), bool(st.keep.get(role)) or bool(_updated(st))
     # A torch function or dispatch mode left entered by the warm-up would see every op of the refill below, after this
     # sample's values arrived, and could leave before the window: the parent no longer compares that span, so none may
     # be there (C queries bound at import; honest wrappers leave none).
@@ -381,8 +383,11 @@ def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:
     (the pool's few contents came back every few samples: a cache keyed on token ids answered from
     memory, right on every checked call; tests/redteam.py)."""
     inputs = (st.data.meta.get("inputs") if st.data else None) or [{}] * len(bufs)
+    updated = _updated(st)
     for i, (dst, src) in enumerate(zip(bufs, content)):
-        if i in st.shared:  # one buffer for every set, and the same content in each: nothing to refill
+        if i in st.shared:  # one buffer for every set, and the same content in each: nothing to refill ...
+            if b == 0 and i in updated:  # ... but where the graph updates it: each sample starts from its content
+                _refill(dst, src)
             continue
         _refill(dst, src)
         info = inputs[i] if i < len(inputs) else {}
@@ -404,18 +409,37 @@ def op_original_checks(st: State, req: dict) -> dict:
     """The original (role baseline) on exactly the inputs of the candidate's kept timed calls: for each
     sample (fill, perturb seed, start) and each kept call, the buffer that call read, rebuilt."""
     role, n = req["bufs_role"], len(st.bufs[req["bufs_role"]])
+    updated = _updated(st)
     results = []
     for sample in req["samples"]:
+        if set(updated) & st.shared:
+            results.append(_sample_replayed(st, role, n, sample, updated))
+            continue
         outs = []
         for call in sample["calls"]:
             b = (sample["start"] + call) % n
             bufs = st.bufs[role][b]
             _set_content(st, bufs, st.pool[role][sample["fill"][b]], sample["perturb"], b)
             _, res = _call(st, "baseline", bufs, False)
-            outs.append(res + [_to_cpu(bufs[i]) for i in _updated(st)])
+            outs.append(res + [_to_cpu(bufs[i]) for i in updated])
         results.append(outs)
     torch.save(results, req["out_file"])
     return {}
+
+
+def _sample_replayed(st: State, role: str, n: int, sample: dict, updated: list) -> list:
+    """The original's outputs at a sample's kept calls where a parameter it updates in place (one buffer for every
+    set: a program's running statistics or optimizer state stay at one address) carries state from each call to the
+    next: every buffer set refilled as before the sample, then the sample's calls in order up to its last kept one."""
+    for b, c in enumerate(sample["fill"]):
+        _set_content(st, st.bufs[role][b], st.pool[role][c], sample["perturb"], b)
+    want, got = set(sample["calls"]), {}
+    for i in range(max(want) + 1):
+        bufs = st.bufs[role][(sample["start"] + i) % n]
+        _, res = _call(st, "baseline", bufs, False)
+        if i in want:
+            got[i] = res + [_to_cpu(bufs[j]) for j in updated]
+    return [got[c] for c in sample["calls"]]
 
 
 def _keep_pending(st: State) -> None:
