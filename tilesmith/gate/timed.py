@@ -201,8 +201,9 @@ def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list,
     save_sets(f, contents, torch)  # the pass's pool and buffers, in the worker that runs the original
     ref.worker.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch",
                         "buffers": buffers}, policy.call_timeout_s)
-    ref.worker.request({"op": "original_checks", "samples": samples, "out_file": str(o), "bufs_role": "baseline"},
-                       policy.call_timeout_s)
+    # late: launch timing holds a kept call's outputs without a copy (gate/worker/serve.py, _sample_replayed)
+    ref.worker.request({"op": "original_checks", "samples": samples, "out_file": str(o), "bufs_role": "baseline",
+                        "late": ctx.mode == "launch"}, policy.call_timeout_s)
     want = load_raw(o, torch)
     p.timing.checked_calls = 0  # counted as compared: a rejected pass says how many calls were checked
     for g, s, cs, ws in zip(got, kept, calls, want):
