@@ -25,7 +25,9 @@ def one_thread_per_worker(monkeypatch):
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory, inductor_cache):
-    return captured_workspace(tmp_path_factory, "ws-train-step", TRAIN, "--optimizer", "sgd")
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TILESMITH_IN_PLACE", "1")  # off by default for now (tilesmith/settings.py: IN_PLACE_DEFAULT)
+        return captured_workspace(tmp_path_factory, "ws-train-step", TRAIN, "--optimizer", "sgd")
 
 
 def _graphs(ws) -> dict:
@@ -95,3 +97,15 @@ def test_the_training_loop_with_artifacts_for_every_graph_ends_with_the_same_los
     assert all(not v["failed"] for v in s["verified"].values()), s["verified"]
     for label in ("loss", "running_mean", "weight"):
         assert number(p, label) == number(plain, label), label
+
+
+def test_without_the_setting_capture_leaves_them_to_inductor_and_says_how_to_opt_in(tmp_path, monkeypatch):
+    from tests.conftest import run_capture_subprocess
+
+    monkeypatch.delenv("TILESMITH_IN_PLACE", raising=False)
+    p = run_capture_subprocess(TRAIN, tmp_path / "ws", "--steps", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    metas = [json.loads((g / "graph.json").read_text()) for g in sorted((tmp_path / "ws" / "graphs").iterdir())]
+    left = [m for m in metas if not m["eligible"]]
+    assert len(left) == 3 and all("set TILESMITH_IN_PLACE=1" in m["reason"] for m in left), [m["reason"] for m in metas]
+    assert [m["kind"] for m in metas if m["eligible"]] == ["backward"]
