@@ -10,7 +10,13 @@ seed's MoE, moe_benchmark.py), `gpt2` (transformers GPT2Config, 4 layers, width 
 tokens, logits), `llama` (LlamaConfig, same size), `resnet18` (torchvision, weights=None, fp32,
 channels-last, 32x3x128x128), `vit` (timm vit_tiny_patch16_224, pretrained=False, 32 images),
 `gpt2-train` (the gpt2 model's training step: forward with the LM loss, backward), and `tiny` (an
-MLP without libraries, for smoke runs on CPU).
+MLP without libraries, for smoke runs on CPU). Loops with state updated in place (tilesmith optimizes their graphs
+with TILESMITH_IN_PLACE=1, which this script sets): `resnet18-sgd` (ResNet-18 in training mode, BatchNorm, batch 32,
+cross-entropy, SGD with momentum, the optimizer step compiled as its own function), `gpt2-adamw` (gpt2-train with
+AdamW, its step compiled), `decode` (a Llama-style decoder, 4 layers, width 512, grouped-query attention, bf16 on a
+GPU, Hugging Face's StaticCache: one token per step, its position passed as a tensor; the cache is written in place).
+In the graphed modes a training step calls `torch.compiler.cudagraph_mark_step_begin()` first, the edit those modes
+need in a plain loop; a path that fails anyway is reported as failed and the others are timed.
 
 Per model: for each mode in --tilesmith-on, the public flow (capture the `model` subcommand, optimize
 with --max-minutes, install) into its own TILESMITH_HOME; then every path in its own process, timed in
@@ -54,7 +60,9 @@ from benchmarks import models_reuse  # noqa: E402
 from benchmarks.models_table import headline, profile_table, summary  # noqa: E402,F401
 
 MODES = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
-MODELS = ["moe", "gpt2", "llama", "resnet18", "vit", "gpt2-train", "tiny"]
+MODELS = ["moe", "gpt2", "llama", "resnet18", "vit", "gpt2-train", "tiny", "resnet18-sgd", "gpt2-adamw", "decode"]
+STATEFUL = ("resnet18-sgd", "gpt2-adamw", "decode")  # graphs that update their inputs in place
+os.environ.setdefault("TILESMITH_IN_PLACE", "1")  # the flows capture those graphs as eligible (settings.md)
 SUITE = "moe,gpt2,resnet18,gpt2-train"
 GRAPHED_MODES = ("reduce-overhead", "max-autotune")  # Inductor replays CUDA graphs in these
 
@@ -101,10 +109,29 @@ def build(name: str, device: str):
 
         model, tokens = moe_model.build(device)
         return model, (tokens,), False
-    if name in ("gpt2", "llama", "gpt2-train"):
-        train = name.endswith("-train")
-        model, inputs = _lm(name.removesuffix("-train"), device, train)
+    if name in ("gpt2", "llama", "gpt2-train", "gpt2-adamw"):
+        train = name.endswith(("-train", "-adamw"))
+        model, inputs = _lm(name.split("-")[0], device, train)
         return model, inputs, train
+    if name == "resnet18-sgd":
+        import torchvision
+
+        net = torchvision.models.resnet18(weights=None).to(device).train().to(memory_format=torch.channels_last)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(32, 3, 128, 128, generator=g).to(device).to(memory_format=torch.channels_last)
+        labels = torch.randint(0, 1000, (32,), generator=g).to(device)
+
+        class Loss(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = net
+
+            def forward(self, x):
+                return torch.nn.functional.cross_entropy(self.net(x), labels)
+
+        return Loss(), (x,), True
+    if name == "decode":
+        return _decoder(device), (), False
     if name == "resnet18":
         import torchvision
 
@@ -127,11 +154,19 @@ def step_fn(name: str, device: str, mode: str | None):
     import torch
 
     model, inputs, train = build(name, device)
-    fn = model if mode is None else torch.compile(model, mode=None if mode == "default" else mode)
+    compile_ = (lambda f: f) if mode is None else (lambda f: torch.compile(f, mode=None if mode == "default" else mode))
+    if name == "decode":
+        return _decode_step(model, compile_, device), (), False
+    fn = compile_(model)
     if not train:
         return fn, inputs, False
     params = [p for p in model.parameters() if p.requires_grad]
     mark = mode in GRAPHED_MODES  # what a user of these modes adds to a training loop, or it fails
+    opt_step = None
+    if name in ("resnet18-sgd", "gpt2-adamw"):  # the optimizer's step compiled as its own function, as PyTorch's recipe
+        opt = (torch.optim.SGD(params, lr=0.01, momentum=0.9) if name == "resnet18-sgd"
+               else torch.optim.AdamW(params, lr=1e-4))
+        opt_step = compile_(opt.step)
 
     def step(*xs):
         if mark:
@@ -140,9 +175,55 @@ def step_fn(name: str, device: str, mode: str | None):
             p.grad = None
         loss = fn(*xs)
         loss.backward()
+        if opt_step is not None:
+            opt_step()
         return loss
 
     return step, inputs, True
+
+
+def _decoder(device: str):
+    """A Llama-style decoder with a StaticCache already holding a 4-token prompt: (model, cache, first token)."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
+                                   num_key_value_heads=2, vocab_size=8192, max_position_embeddings=512)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    model = transformers.LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+    cache = transformers.StaticCache(config=cfg, max_cache_len=256)
+    prompt = torch.randint(0, 8192, (1, 4), generator=torch.Generator().manual_seed(1)).to(device)
+    pos = torch.arange(4, device=device)
+    with torch.no_grad():
+        out = model(input_ids=prompt, position_ids=pos.unsqueeze(0), cache_position=pos, past_key_values=cache,
+                    use_cache=True)
+    return model, cache, out.logits[:, -1].argmax(-1, keepdim=True)
+
+
+def _decode_step(built, compile_, device: str):
+    """Greedy decoding, one token per call: the token it makes is the next call's input; the position moves on by one
+    each call (a tensor made once per position) and wraps before the cache's end, so any number of steps can be timed."""
+    import torch
+
+    model, cache, first = built
+
+    def one(token, position):
+        out = model(input_ids=token, position_ids=position.unsqueeze(0), cache_position=position,
+                    past_key_values=cache, use_cache=True)
+        return out.logits[:, -1].argmax(-1, keepdim=True)
+
+    fn = compile_(one)
+    positions = [torch.tensor([p], device=device) for p in range(4, 256)]
+    state = {"token": first, "i": 0}
+
+    def step():
+        pos = positions[state["i"] % len(positions)]
+        state["i"] += 1
+        state["token"] = fn(state["token"], pos)
+        return state["token"]
+
+    return step
 
 
 def cmd_model(a) -> None:

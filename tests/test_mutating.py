@@ -27,6 +27,9 @@ def one_thread_per_worker(monkeypatch):
 def ws(tmp_path_factory, inductor_cache):
     with pytest.MonkeyPatch.context() as m:
         m.setenv("TILESMITH_IN_PLACE", "1")  # off by default for now (tilesmith/settings.py: IN_PLACE_DEFAULT)
+        # One thread, as the tests' programs run (the autouse fixture): Inductor writes the thread count into CPU
+        # kernels, so a capture with the machine's count has other graph keys than the program run with one.
+        m.setenv("OMP_NUM_THREADS", "1")
         return captured_workspace(tmp_path_factory, "ws-train-step", TRAIN, "--optimizer", "sgd")
 
 
@@ -109,3 +112,34 @@ def test_without_the_setting_capture_leaves_them_to_inductor_and_says_how_to_opt
     left = [m for m in metas if not m["eligible"]]
     assert len(left) == 3 and all("set TILESMITH_IN_PLACE=1" in m["reason"] for m in left), [m["reason"] for m in metas]
     assert [m["kind"] for m in metas if m["eligible"]] == ["backward"]
+
+
+@pytest.fixture(scope="module")
+def decode_ws(tmp_path_factory, inductor_cache):
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TILESMITH_IN_PLACE", "1")
+        m.setenv("OMP_NUM_THREADS", "1")
+        return captured_workspace(tmp_path_factory, "ws-decode-step", FIXTURES / "decode_step.py", "--tokens", "3")
+
+
+def _decode_graph(decode_ws):
+    metas = [json.loads((g / "graph.json").read_text()) for g in sorted((decode_ws / "graphs").iterdir())]
+    (m,) = [m for m in metas if m["mutated_inputs"]]  # the compiled step: it writes the cache at its position
+    return decode_ws / "graphs" / m["key"], m
+
+
+def test_a_decode_step_that_writes_a_static_kv_cache_is_judged_honestly_and_a_skipped_write_is_rejected(decode_ws,
+                                                                                                        tmp_path):
+    """Hugging Face's StaticCache through torch.compile, one token per step (tests/fixtures/decode_step.py): the
+    step's graph writes 2 layers' keys and values in place (and what else the cache keeps); its original is not faster than itself, wins against a
+    slowed copy, and a candidate that writes copies of the cache instead is rejected."""
+    g, meta = _decode_graph(decode_ws)
+    # keys and values of 2 layers at least (this transformers' StaticCache updates 6 of the step's inputs)
+    assert meta["eligible"] and len(meta["mutated_inputs"]) >= 4, (meta["reason"], meta["mutated_inputs"])
+    text = (g / "wrapper.py").read_text()
+    _, problem = corpus.judged(g, text, tmp_path / "aa", "aa")
+    assert not problem, problem
+    v, problem = corpus.judged(corpus.slowed_copy(g, tmp_path / "slow"), text, tmp_path / "win", "win")
+    assert not problem, problem
+    v, _ = corpus.judged(g, cheats.updates_copies_instead(text), tmp_path / "cheat", "cheat")
+    assert not v.accepted and "input-mutated" in v.codes, (v.stage, v.reasons)
