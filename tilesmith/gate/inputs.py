@@ -23,6 +23,7 @@ def parameter_indices(meta: dict) -> set[int]:
     one buffer at one address, as a program's weights stay between steps."""
     return {i for i, d in enumerate(meta.get("inputs") or []) if d.get("parameter")}
 
+
 def updated_indices(meta: dict) -> set[int]:
     """Positions of the inputs the graph updates in place (graph.json's mutated_inputs): running statistics, an
     optimizer's parameters, moments and step, a KV cache."""
