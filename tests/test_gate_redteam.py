@@ -158,8 +158,11 @@ def test_every_red_team_cheat_passes_the_static_screen(inf_graph, tmp_path):
 @pytest.mark.parametrize("maker,code,stage", CHEATS, ids=[m.__name__ for m, _, _ in CHEATS])
 def test_gate_rejects_a_cheat_the_screen_missed_for_the_right_reason(inf_graph, tmp_path, screen_off, monkeypatch,
                                                                      maker, code, stage):
-    # Workers start with two threads here, so a call that leaves the process with one changes its state.
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    # Workers start with two threads here, so a call that leaves the process with one changes its state. Except
+    # where the cheat ends as the original again, judged "not faster" only by timing it whole: two OpenMP threads
+    # pinned to both cores of a 2-core box beside the other test process ran the original 10x slower beside the
+    # candidate than alone, and the gate rightly said `unstable-timing` (in two of three fresh-clone suite runs).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1" if code == "not-faster" else "2")
     v = _judge(inf_graph, maker((inf_graph / "wrapper.py").read_text()), tmp_path)
     assert not v.accepted
     assert v.codes == [code] and v.stage in ((stage,) if isinstance(stage, str) else stage), v.reasons
