@@ -172,7 +172,7 @@ def test_gate_rejects_a_cheat_the_screen_missed_for_the_right_reason(inf_graph, 
                          ids=[_maker(c).__name__ for c in NEW_CHEATS + AUDIT_CHEATS + KERNEL_CHEATS])
 def test_gate_rejects_a_new_cheat_the_screen_missed(inf_graph, tmp_path, screen_off, monkeypatch, maker, code, stage):
     """The later red teams' cheats, each judged as the ones above (the screen has nothing to flag: asserted first)."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1" if code == "not-faster" else "2")  # as above
     text = maker((inf_graph / "wrapper.py").read_text())
     assert _SCREEN(text) == []  # the real screen (the fixture has switched it off for judge)
     v = _judge(inf_graph, text, tmp_path)
