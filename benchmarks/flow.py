@@ -194,24 +194,17 @@ def measure_in_processes(worker_cmd, names: list[str], out_dir, seconds: float, 
             # Seconds from the workers' start to this one's first output (compile, autotune, capture; all paths
             # compile at once, so each is an upper bound of its own compile): max-autotune's cost to a user.
             ready_after[name] = round(time.monotonic() - started, 1)
-            if line is None:
+            if line is not None and line.strip() != "ready" and name == names[0]:
+                raise SystemExit(f"path '{name}' failed to start: {line.strip()!r} (exit {p.poll()})")
+            if line is None or line.strip() != "ready":
+                # Still compiling at the deadline, or failed in the program's loop (reduce-overhead on a training
+                # step, say): a result, reported; the other paths are timed.
                 p.kill()
                 p.wait()
-                left_out[name] = {"error": f"not ready {ready_s:g} s after the workers started (still compiling): "
-                                           "left out, the other paths timed", "left_out": True}
+                why = (f"not ready {ready_s:g} s after the workers started (still compiling)" if line is None else
+                       f"failed in the program's loop (exit {p.poll()}; its traceback is on stderr above)")
+                left_out[name] = {"error": f"{why}: left out, the other paths timed", "left_out": True}
                 del procs[name]
-                continue
-            if line.strip() != "ready":
-                if name == names[0]:
-                    raise SystemExit(f"path '{name}' failed to start: {line.strip()!r} (exit {p.poll()})")
-                # A mode that fails in the program's loop (reduce-overhead on a training step, say) is a result:
-                # reported as failed, the other paths timed.
-                p.kill()
-                p.wait()
-                left_out[name] = {"error": f"failed in the program's loop (exit {p.poll()}; its traceback is on "
-                                           "stderr above): left out, the other paths timed", "left_out": True}
-                del procs[name]
-                continue
         names = [n for n in names if n in procs]
         ref = torch.load(procs[names[0]][1])
         errors = {n: float((torch.load(f) - ref).abs().max()) for n, (_, f) in procs.items()}

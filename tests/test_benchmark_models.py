@@ -114,6 +114,22 @@ def test_a_path_still_compiling_at_the_ready_deadline_is_left_out_and_the_others
     assert "not ready 1 s after the workers started" in extras["compiling forever"]["error"]
 
 
+def test_a_path_that_fails_in_the_programs_loop_is_reported_and_the_others_are_timed(tmp_path):
+    """Issue 38's loops: reduce-overhead crashed in a plain training loop with a compiled optimizer step; the suite
+    reports such a mode as failed and times the others (before, one failing path ended the model's timing)."""
+    from benchmarks import flow
+
+    def cmd(path: str, out_file: str) -> list[str]:
+        if path == "crashes":
+            return [sys.executable, "-c", "raise SystemExit('accessing tensor output of CUDAGraphs that has been overwritten')"]
+        return [sys.executable, str(SCRIPT), "worker", "--name", "tiny", "--path", path, "--device", "cpu",
+                "--out", out_file]
+
+    samples, errors, extras = flow.measure_in_processes(cmd, ["eager", "crashes"], str(tmp_path), 0.0, 2, min_rounds=2)
+    assert list(samples) == ["eager"] and len(samples["eager"]) == 2
+    assert extras["crashes"]["left_out"] is True and "failed in the program's loop (exit 1" in extras["crashes"]["error"]
+
+
 def test_gpu_busy_time_is_the_union_of_device_events_without_annotation_spans():
     from types import SimpleNamespace as NS
 
