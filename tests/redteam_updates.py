@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import re
 
-CLEAR = "        args.clear()\n"
-
-
-def _after_clear(text: str, code: str) -> str:
-    assert CLEAR in text
-    return text.replace(CLEAR, CLEAR + "".join(f"        {line}\n" for line in code.strip("\n").splitlines()), 1)
+from tests.gate_helpers import _after_clear
 
 
 def stops_updating_after_n_calls(text: str, n: int = 16) -> str:
