@@ -156,7 +156,7 @@ def step_fn(name: str, device: str, mode: str | None):
     model, inputs, train = build(name, device)
     compile_ = (lambda f: f) if mode is None else (lambda f: torch.compile(f, mode=None if mode == "default" else mode))
     if name == "decode":
-        return _decode_step(model, compile_, device), (), False
+        return _decode_step(model, compile_, device, mode in GRAPHED_MODES), (), False
     fn = compile_(model)
     if not train:
         return fn, inputs, False
@@ -201,9 +201,14 @@ def _decoder(device: str):
     return model, cache, out.logits[:, -1].argmax(-1, keepdim=True)
 
 
-def _decode_step(built, compile_, device: str):
+def _decode_step(built, compile_, device: str, mark: bool = False):
     """Greedy decoding, one token per call: the token it makes is the next call's input; the position moves on by one
-    each call (a tensor made once per position) and wraps before the cache's end, so any number of steps can be timed."""
+    each call (a tensor made once per position) and wraps before the cache's end, so any number of steps can be timed.
+    At the wrap the cache's own write position goes back to the prompt's end too: transformers' StaticCache layers
+    count the tokens written in a tensor of their own (`cumulative_length`, updated in place) and write there, not at
+    `cache_position` (on the H100 and here, step 253 indexed the cache out of bounds). `mark`: a graphed mode's loop
+    marks each step's start and keeps the token as its own tensor, as a user of those modes writes it (torch
+    otherwise finds the token, an output of the CUDA graph, overwritten by the next replay)."""
     import torch
 
     model, cache, first = built
@@ -215,12 +220,20 @@ def _decode_step(built, compile_, device: str):
 
     fn = compile_(one)
     positions = [torch.tensor([p], device=device) for p in range(4, 256)]
+    counters = [c for c in (getattr(layer, "cumulative_length", None) for layer in getattr(cache, "layers", ()))
+                if isinstance(c, torch.Tensor)]
     state = {"token": first, "i": 0}
 
     def step():
-        pos = positions[state["i"] % len(positions)]
+        i = state["i"] % len(positions)
+        if i == 0 and state["i"]:
+            for c in counters:
+                c.fill_(4)
         state["i"] += 1
-        state["token"] = fn(state["token"], pos)
+        if mark:
+            torch.compiler.cudagraph_mark_step_begin()
+        token = fn(state["token"], positions[i])
+        state["token"] = token.clone() if mark else token
         return state["token"]
 
     return step

@@ -3,7 +3,7 @@
 # `make install`. Side by side (16 cores, one GPU; the gate's paired, interleaved timing holds under that load):
 #   flow-reduce-overhead, flow-default  the README's flow on examples/moe.py as a user types it (tests/gpu/smoke_flow.py)
 #   flow-train                          the same on a training loop whose graphs update their inputs in place
-#                                       (tests/fixtures/train_step.py: BatchNorm, SGD's step compiled)
+#                                       (tests/fixtures/train_step.py: BatchNorm, SGD's step compiled), then run for 300 steps
 #   corpus                              the gate's honest corpus on CUDA (tests/gpu/test_corpus_gpu.py)
 #   redteam                             the GPU red team (tests/gpu/test_gate_redteam_gpu.py)
 # One PASS/FAIL line per step, then the logs' tails of what failed; exits non-zero unless every step passed.
@@ -32,7 +32,7 @@ step() {  # name, command...: runs in the background, leaves its status in $OUT/
 }
 step flow-reduce-overhead timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --mode reduce-overhead --dir /tmp/smoke-ro --minutes "${SMOKE_MINUTES:-1}"
 step flow-default timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --mode default --dir /tmp/smoke-default --minutes "${SMOKE_MINUTES:-1}"
-step flow-train timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --script tests/fixtures/train_step.py --dir /tmp/smoke-train --minutes "${TRAIN_MINUTES:-2.5}" -- --steps 20
+step flow-train timeout "$LIMIT" "$PY" tests/gpu/smoke_flow.py --script tests/fixtures/train_step.py --dir /tmp/smoke-train --minutes "${TRAIN_MINUTES:-2.5}" --long "--steps 300" -- --steps 20
 step corpus pytest_ "$CORPUS_LIMIT" corpus -n 6 tests/gpu/test_corpus_gpu.py
 step redteam pytest_ "$LIMIT" redteam -n 3 tests/gpu/test_gate_redteam_gpu.py
 wait

@@ -51,6 +51,8 @@ def main() -> int:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--minutes", type=float, default=1.0)
     ap.add_argument("--script", type=Path, default=EXAMPLE)
+    ap.add_argument("--long", default="", help="the script's arguments for a longer run after the checks (e.g. "
+                    "'--steps 300'): plain and with the runtime, their checksums compared")
     ap.add_argument("args", nargs="*", help="the script's own arguments (after --)")
     a = ap.parse_args()
     script = a.script.resolve()
@@ -87,8 +89,22 @@ def main() -> int:
     v = json.loads(checked.stdout.split("runtime:", 1)[1]).get("verified") or {}
     if not v or any(x.get("failed") or not x.get("verified_calls") for x in v.values()):
         sys.exit(f"smoke: TILESMITH_VERIFY did not check the installed win against Inductor's code cleanly ({v})")
+    long = ""
+    if a.long:
+        # The program run far longer than it was captured (a training loop for hundreds of steps): the installed
+        # graphs carry its state the whole way, as Inductor's would.
+        extra = ([] if a.mode == "default" else ["--mode", a.mode]) + a.long.split()
+        plain = run(f"python {script.name} {a.long}", [sys.executable, str(script), *extra])
+        again = run(f"python {script.name} {a.long} with the runtime", [sys.executable, "-c", code, str(script), *extra])
+        stats = json.loads(again.stdout.split("runtime:", 1)[1])
+        l_a, l_b = checksum(plain.stdout), checksum(again.stdout)
+        if not set(stats.get("substituted_keys") or []) & {t["key"] for t in won}:
+            sys.exit(f"smoke: in the longer run ({a.long}) the runtime substituted none of the installed wins ({stats})")
+        if abs(l_a - l_b) > 1e-2 * max(1.0, abs(l_a)):
+            sys.exit(f"smoke: the longer run's output ({a.long}) changed with the runtime ({l_a} vs {l_b})")
+        long = f"; {a.long}: {len(stats['substituted_keys'])} graph(s) substituted, checksums {l_a} / {l_b}"
     print(f"smoke: {len(won)} win(s) accepted, installed and substituted; best "
-          f"{max(t['speedup'] for t in won):.2f}x; checksums {a_sum} / {b_sum}")
+          f"{max(t['speedup'] for t in won):.2f}x; checksums {a_sum} / {b_sum}{long}")
     return 0
 
 
