@@ -803,7 +803,7 @@ def _planned(runner, req, st, memo):
     """Every timed call's outputs for the sample `req` asks for, computed now into `memo` by the addresses of the
     buffers each call will read: those buffers' coming values rebuilt in copies with the worker's own refill."""
     memo.clear()
-    worker = _sys.modules["tilesmith.gate.worker.serve"]
+    worker = _sys.modules["tilesmith.gate.worker.sample"]
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     bufs = st.bufs[role]
     for i in range(reps):

@@ -51,19 +51,19 @@ def test_a_reduce_overhead_original_is_timed_through_the_trees_against_a_candida
     program runs it; gate/worker/trees.py), a best-so-far that replays itself as plain calls too. A candidate
     that does not replay itself, with no graph.json given: both in graph mode (with it: the next test). (The
     trees run on the GPU: tests/gpu.)"""
-    from tilesmith.gate import _modes
+    from tilesmith.gate.modes import role_modes
     from tilesmith.gate.verdict import Verdict
 
     text = (h.graph_of(inference_ws) / "wrapper.py").read_text()
     own = tuner.graphed_text(text).encode()
     v = Verdict(False, "timing", "k", "")
-    assert _modes(v, "graph", own, None) == {"candidate": "launch", "baseline": "trees"}
+    assert role_modes(v, "graph", own, None) == {"candidate": "launch", "baseline": "trees"}
     assert "cudagraph trees" in v.warnings[-1].message
     best = tmp_path / "best.py"
     best.write_bytes(own)
-    assert _modes(Verdict(False, "timing", "k", ""), "graph", own, best) == {"candidate": "launch",
-                                                                                       "baseline": "launch"}
-    assert _modes(v, "graph", text.encode(), None) == {} and _modes(v, "launch", own, None) == {}
+    assert role_modes(Verdict(False, "timing", "k", ""), "graph", own, best) == {"candidate": "launch",
+                                                                                           "baseline": "launch"}
+    assert role_modes(v, "graph", text.encode(), None) == {} and role_modes(v, "launch", own, None) == {}
 
 
 
@@ -76,7 +76,7 @@ def test_a_candidate_that_does_not_replay_itself_runs_through_the_trees_as_the_o
     (timed._setups), so the worker frees earlier trees once for both."""
     from types import SimpleNamespace
 
-    from tilesmith.gate import _modes
+    from tilesmith.gate.modes import role_modes
     from tilesmith.gate.timed import _setups
     from tilesmith.gate.verdict import Verdict
 
@@ -84,17 +84,17 @@ def test_a_candidate_that_does_not_replay_itself_runs_through_the_trees_as_the_o
     meta = json.loads((gdir / "graph.json").read_text())
     text = (gdir / "wrapper.py").read_text()
     v = Verdict(False, "timing", "k", "")
-    assert _modes(v, "graph", text.encode(), None, meta) == {"candidate": "trees", "baseline": "trees"}
+    assert role_modes(v, "graph", text.encode(), None, meta) == {"candidate": "trees", "baseline": "trees"}
     assert [w.code for w in v.warnings] == ["trees"] and "cudagraph trees" in v.warnings[0].message
     unknown = {k: x for k, x in meta.items() if k != "inductor_static_inputs"}
     fed = {**meta, "inputs_from_graphs": [0]}
     for m in (unknown, fed, None):
-        assert _modes(Verdict(False, "timing", "k", ""), "graph", text.encode(), None, m) == {}
+        assert role_modes(Verdict(False, "timing", "k", ""), "graph", text.encode(), None, m) == {}
     best = tmp_path / "best.py"
     best.write_text(tuner.graphed_text(text))  # the best so far replays itself: it runs its replay in the program
-    assert _modes(Verdict(False, "timing", "k", ""), "graph", text.encode(), best, meta) == {"candidate": "trees",
-                                                                                               "baseline": "launch"}
-    assert _modes(Verdict(False, "timing", "k", ""), "launch", text.encode(), None, meta) == {}
+    assert role_modes(Verdict(False, "timing", "k", ""), "graph", text.encode(), best, meta) == {
+        "candidate": "trees", "baseline": "launch"}
+    assert role_modes(Verdict(False, "timing", "k", ""), "launch", text.encode(), None, meta) == {}
 
     ref, w = SimpleNamespace(timer="T", base_role="original"), "W"
     trees = h.decision_context(mode="graph", modes={"candidate": "trees", "baseline": "trees"})

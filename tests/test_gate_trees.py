@@ -1,6 +1,6 @@
 """The gate's trees mode without a GPU: which roles run through Inductor's cudagraph trees, what happens when
 the trees cannot be set up for one of them (gate/timed.py set_up), the worker's bookkeeping of which roles hold
-trees and when they are freed (gate/worker/serve.py op_time_setup), and that candidate code cannot change the trees
+trees and when they are freed (gate/worker/setup.py op_time_setup), and that candidate code cannot change the trees
 unseen (the patch watch). The trees themselves run on the GPU: tests/gpu/test_cudagraph_gpu.py."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import torch
 
 from tests import gate_helpers as h
 from tilesmith.gate import timed
-from tilesmith.gate.worker import patches, serve, trees
+from tilesmith.gate.worker import patches, trees
+from tilesmith.gate.worker import setup as worker_setup
+from tilesmith.gate.worker.state import State
 from tilesmith.gate.verdict import Reason
 
 META = {"inputs": [{"parameter": True}, {}], "inductor_static_inputs": [0], "inputs_from_graphs": []}
@@ -97,8 +99,8 @@ def fake_trees(monkeypatch, tmp_path):
 
     monkeypatch.setattr(trees, "tree_thunks", tree_thunks)
     monkeypatch.setattr(trees, "reset_trees", reset_trees)
-    monkeypatch.setattr(serve, "_capture_graph", capture_graph)
-    st = serve.State()
+    monkeypatch.setattr(worker_setup, "_capture_graph", capture_graph)
+    st = State()
     st.data = SimpleNamespace(meta=dict(META))
     class Call:  # a wrapper's call(args) that says which role it is
         def __init__(self, role):
@@ -112,7 +114,7 @@ def fake_trees(monkeypatch, tmp_path):
     torch.save({"inputs": [[torch.ones(2), torch.zeros(2)], [torch.ones(2), torch.ones(2)]]}, sets)
 
     def setup(roles, mode, buffers=2):
-        return serve.op_time_setup(st, {"sets_file": str(sets), "roles": roles, "mode": mode, "buffers": buffers})
+        return worker_setup.op_time_setup(st, {"sets_file": str(sets), "roles": roles, "mode": mode, "buffers": buffers})
     return st, log, setup
 
 

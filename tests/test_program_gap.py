@@ -1,5 +1,5 @@
 """The program's host time between a graph's calls: measured at capture (capture/gaps.py), spent by the gate
-before each timed call of every role (gate/timed.py program_gap_ns, gate/worker/serve.py op_time)."""
+before each timed call of every role (gate/timed.py program_gap_ns, gate/worker/sample.py op_time)."""
 
 from __future__ import annotations
 
@@ -167,37 +167,39 @@ def test_calls_from_two_threads_leave_the_gap_unusable():
 
 
 def test_the_worker_spends_the_gap_its_request_names_before_every_timed_call_of_every_role(tmp_path):
-    from tilesmith.gate.worker import serve
+    from tilesmith.gate.worker import sample, setup
+    from tilesmith.gate.worker.state import State
 
-    st = serve.State()
+    st = State()
     st.data = SimpleNamespace(meta={"inputs": [{"kind": "tensor"}]})
     st.fns = {r: (lambda args: (args[0] + 1,)) for r in ("candidate", "baseline")}
     sets = tmp_path / "sets.pt"
     torch.save({"inputs": [[torch.ones(4)], [torch.zeros(4)]]}, sets)
     gap, reps = 3_000_000, 4
     for role in ("candidate", "baseline"):
-        serve.op_time_setup(st, {"sets_file": str(sets), "roles": [role], "mode": "launch", "buffers": 2})
-        ns = serve.op_time(st, {"role": role, "reps": reps, "start": 0, "gap_ns": gap})["ns"]
+        setup.op_time_setup(st, {"sets_file": str(sets), "roles": [role], "mode": "launch", "buffers": 2})
+        ns = sample.op_time(st, {"role": role, "reps": reps, "start": 0, "gap_ns": gap})["ns"]
         assert ns >= reps * gap  # a busy wait of at least `gap` before each call, inside the timed window
-    assert serve.clock.MAX_GAP_NS == 50_000_000  # the parent's cap (gate.timed.program_gap_ns) is the worker's
+    assert sample.clock.MAX_GAP_NS == 50_000_000  # the parent's cap (gate.timed.program_gap_ns) is the worker's
 
 
 def test_the_warm_up_request_finishes_its_device_work_before_it_replies(tmp_path, monkeypatch):
     """Left queued, the warm-up's device work ran in the sample's request before its window, and the parent's span
     from the request to the window (gate/windows.py) held it: on the H200 a real win was
     rejected as work done off the clock (its windows opened 887 us after their requests)."""
-    from tilesmith.gate.worker import serve
+    from tilesmith.gate.worker import sample, setup
+    from tilesmith.gate.worker.state import State
 
     events = []
-    monkeypatch.setattr(serve, "_device_sync", lambda: events.append("sync"))
-    st = serve.State()
+    monkeypatch.setattr(sample, "_device_sync", lambda: events.append("sync"))
+    st = State()
     st.data = SimpleNamespace(meta={"inputs": [{"kind": "tensor"}]})
     st.fns = {"candidate": lambda args: (events.append("call"), (args[0] + 1,))[1]}
     sets = tmp_path / "sets.pt"
     torch.save({"inputs": [[torch.ones(4)], [torch.zeros(4)]]}, sets)
-    serve.op_time_setup(st, {"sets_file": str(sets), "roles": ["candidate"], "mode": "launch", "buffers": 2})
+    setup.op_time_setup(st, {"sets_file": str(sets), "roles": ["candidate"], "mode": "launch", "buffers": 2})
     events.clear()
-    assert serve.op_warm(st, {"role": "candidate", "reps": 6, "start": 0}) == {}
+    assert sample.op_warm(st, {"role": "candidate", "reps": 6, "start": 0}) == {}
     assert events == ["call"] * 3 + ["sync"]  # half a sample's calls, then the device caught up
 
 
@@ -287,19 +289,20 @@ def test_profiled_gaps_count_the_programs_waits_beyond_what_an_empty_window_show
 
 
 def test_the_worker_marks_each_window_on_a_timestamped_socket_and_sees_the_socket_pointed_elsewhere(tmp_path, monkeypatch):
-    """gate/worker/serve.py op_time sends a mark as the window opens and as it closes; the kernel's send times span the
+    """gate/worker/sample.py op_time sends a mark as the window opens and as it closes; the kernel's send times span the
     reported sample (proc._mark_socket). A call that points the socket's descriptor elsewhere (os.dup2), as a cheat
     sending its own closing mark would, makes the sample timing-forged."""
     from tilesmith.errors import TilesmithError
     from tilesmith.gate import proc
-    from tilesmith.gate.worker import serve
+    from tilesmith.gate.worker import sample, setup
+    from tilesmith.gate.worker.state import State
 
     ours, theirs = proc._mark_socket()
     if ours is None:
         pytest.skip("no timestamped datagram sockets here")
     st_ = os.fstat(theirs.fileno())
-    monkeypatch.setattr(serve, "_MARK_FD", theirs.fileno())
-    monkeypatch.setattr(serve, "_MARK_ID", (st_.st_dev, st_.st_ino))
+    monkeypatch.setattr(sample, "_MARK_FD", theirs.fileno())
+    monkeypatch.setattr(sample, "_MARK_ID", (st_.st_dev, st_.st_ino))
     redirect = {"armed": False, "saved": None}
 
     def fn(args):
@@ -310,20 +313,20 @@ def test_the_worker_marks_each_window_on_a_timestamped_socket_and_sees_the_socke
             os.close(null)
         return (args[0] + 1,)
 
-    st = serve.State()
+    st = State()
     st.data = SimpleNamespace(meta={"inputs": [{"kind": "tensor"}]})
     st.fns = {"candidate": fn}
     sets = tmp_path / "sets.pt"
     torch.save({"inputs": [[torch.ones(4)], [torch.zeros(4)]]}, sets)
-    serve.op_time_setup(st, {"sets_file": str(sets), "roles": ["candidate"], "mode": "launch", "buffers": 2})
+    setup.op_time_setup(st, {"sets_file": str(sets), "roles": ["candidate"], "mode": "launch", "buffers": 2})
     w = SimpleNamespace(_marks_sock=ours)
     proc.Worker._drain_marks(w)  # nothing sent yet
-    ns = serve.op_time(st, {"role": "candidate", "reps": 4, "start": 0})["ns"]
+    ns = sample.op_time(st, {"role": "candidate", "reps": 4, "start": 0})["ns"]
     marks = proc.Worker._drain_marks(w)
     assert len(marks) == 2 and min(marks) > 0 and marks[1] - marks[0] >= ns > 0
     redirect["armed"] = True
     with pytest.raises(TilesmithError) as e:
-        serve.op_time(st, {"role": "candidate", "reps": 4, "start": 0})
+        sample.op_time(st, {"role": "candidate", "reps": 4, "start": 0})
     assert e.value.code == "timing-forged" and "pointed elsewhere" in str(e.value)
     os.dup2(redirect["saved"], theirs.fileno())  # put the socket back for the cleanup
     os.close(redirect["saved"])

@@ -19,7 +19,7 @@ from tilesmith.errors import TilesmithError
 from tilesmith.gate.context import DecisionContext, StageClock
 from tilesmith.gate.original import Reference, load_raw, save_sets
 from tilesmith.gate import timed
-from tilesmith.gate.modes import _modes, own_replay, resolve_mode
+from tilesmith.gate.modes import own_replay, resolve_mode, role_modes
 from tilesmith.gate.proc import WorkerFailure, usable_cores
 from tilesmith.gate.verdict import MODES, STAGES, Pass, Policy, Reason, SetCorrectness, Timing, Verdict
 from tilesmith.workspace import load_graph_json
@@ -87,7 +87,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
         timing_base.write_bytes(base_raw)
         v.timing_baseline_sha256 = hashlib.sha256(base_raw).hexdigest()
     device = graph_device(meta)
-    modes = _modes(v, mode, raw, timing_base, meta)
+    modes = role_modes(v, mode, raw, timing_base, meta)
     seeds, sets, contents, specials = _input_sets(gdir, meta, policy, clock)
     ctx = DecisionContext(gdir=gdir, meta=meta, cand=cand, timing_base=timing_base,
                           timing_base_sha=v.timing_baseline_sha256 or "", scratch=scratch, device=device, policy=policy,

@@ -79,7 +79,7 @@ def collect(c: Checker) -> None:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             continue  # a docstring
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and not node.value.args \
-                and not node.value.keywords and _path(c, node.value.func) == "torch._inductor.runtime.triton_helpers.set_driver_to_gpu":
+                and not node.value.keywords and c.path_of(node.value.func) == "torch._inductor.runtime.triton_helpers.set_driver_to_gpu":
             c.handled.add(id(node.value))
         elif isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
             _data(c, node.value, "a module constant")
@@ -105,21 +105,11 @@ def _bind(c: Checker, node) -> None:
             c.flag("allowlist-import", f"a kernel imports {a.name}", node)
 
 
-def _path(c: Checker, node) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name) and node.id in c.paths:
-        return ".".join([c.paths[node.id]] + parts[::-1])
-    return None
-
-
 def _jit_function(c: Checker, node: ast.FunctionDef) -> None:
     decos = node.decorator_list
     jit = decos[-1] if decos else None
     jit_call = isinstance(jit, ast.Call)
-    if jit is None or _path(c, jit.func if jit_call else jit) != "triton.jit":
+    if jit is None or c.path_of(jit.func if jit_call else jit) != "triton.jit":
         c.flag("allowlist-kernel", f"{node.name} is not a @triton.jit function", node)
         return
     if jit_call:
@@ -145,7 +135,7 @@ def _jit_function(c: Checker, node: ast.FunctionDef) -> None:
 
 
 def _heuristics(c: Checker, d, fn: str) -> None:
-    path = _path(c, d.func) if isinstance(d, ast.Call) else None
+    path = c.path_of(d.func) if isinstance(d, ast.Call) else None
     if path is None or not path.startswith(_HEURISTICS) or path[len(_HEURISTICS):] not in T.HEURISTICS:
         c.flag("allowlist-kernel", f"{fn}: decorator {ast.unparse(d)[:60]} is not one of Inductor's heuristics", d)
         return
@@ -244,14 +234,14 @@ def _data(c: Checker, node, where: str) -> None:
         return
     if isinstance(node, ast.Call) and not node.args and (
             (isinstance(node.func, ast.Name) and node.func.id == "set" and not node.keywords)
-            or _path(c, node.func) == "torch._inductor.runtime.hints.DeviceProperties"):
+            or c.path_of(node.func) == "torch._inductor.runtime.hints.DeviceProperties"):
         for k in node.keywords:
             if k.arg is None:
                 c.flag("allowlist-kernel", f"{where}: ** in data", node)
             else:
                 _data(c, k.value, where)
         return
-    path = _path(c, node)
+    path = c.path_of(node)
     if path is not None and path.startswith("torch._inductor.runtime.hints.") and path.split(".")[-1].isupper() \
             and T.classify(path, kernel=True) == "leaf":
         return  # ReductionHint.INNER and the like

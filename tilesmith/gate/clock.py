@@ -55,7 +55,7 @@ def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
     so keep it to a few operations, e.g. a draw deciding which call's outputs to keep).
     The clock is read through a local bound before any call: code run by `thunk` that rebinds this module's
     clock and puts it back before anyone looks changes nothing here. (The gate worker writes its own window
-    out, with its checks in its frame's locals: gate/worker/serve.py op_time.)"""
+    out, with its checks in its frame's locals: gate/worker/sample.py op_time.)"""
     perf = _perf_ns
     sync()
     t0 = perf()
@@ -69,7 +69,7 @@ def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
     return perf() - t0
 
 
-# What the gate worker sends on its mark socket as a timed window opens and as it closes (gate/worker/serve.py op_time): the
+# What the gate worker sends on its mark socket as a timed window opens and as it closes (gate/worker/sample.py op_time): the
 # kernel's timestamps of the two are the parent's own measure of the window (gate/windows.py: the time the deciding process counts).
 WINDOW_MARK = b"|"
 MAX_GAP_NS = 50_000_000  # the program's host time between calls the gate spends per call, at most 50 ms

@@ -49,7 +49,7 @@ class DecisionContext:
     note: Callable[[str, str], None]  # on_progress(stage, message), a no-op without one
     clock: StageClock  # wall seconds per step, into the verdict's stage_seconds
     spares: Spares | None  # started workers this decision may take (gate.proc.keep_spares); None: every one fresh
-    modes: dict[str, str]  # role ("candidate", "baseline") -> its timing mode where not `mode` (gate.modes._modes)
+    modes: dict[str, str]  # role ("candidate", "baseline") -> its timing mode where not `mode` (gate.modes.role_modes)
     warnings: list[Reason]  # the verdict's own list (Verdict.warnings), changed in place
     specials: dict[int, list]  # seed -> its special-value input sets [(name, inputs)] (gate.inputs.special_sets)
     pair: tuple[int, int]  # indices of the two correctness sets run in the same buffers

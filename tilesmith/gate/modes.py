@@ -58,7 +58,7 @@ TREES_BOTH = ("timed through Inductor's cudagraph trees, the original and the ca
               "replay leaves out (the MoE on the H200: a bare-replay gain of 1.19x was 1.12x in the program)")
 
 
-def _modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None, meta: dict | None = None) -> dict:
+def role_modes(v: Verdict, mode: str, raw: bytes, timing_base: Path | None, meta: dict | None = None) -> dict:
     """Roles timed in another mode than the graph's. Inductor replays the original of a graph compiled
     with CUDA graphs; a candidate that replays itself (the runtime turns Inductor's CUDA graphs off for a
     graph whose artifact does) is timed as plain calls of its own replay: each the way it would run. The

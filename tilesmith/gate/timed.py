@@ -193,7 +193,7 @@ def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list,
         return [Reason("protocol", "the candidate worker's kept timed samples do not match the ones chosen")]
     # No call of a sample reads a buffer set another call of it read (timing.sample_size), and each set was
     # refilled before the sample; each call's outputs end with the inputs it updates in place as it left them
-    # (gate/worker/serve.py: op_original_checks replays the sample's calls up to each kept one where a parameter
+    # (gate/worker/checks.py: op_original_checks replays the sample's calls up to each kept one where a parameter
     # updated in place carries state from call to call).
     calls = [[c for c in g["calls"] if 0 <= c < buffers] for g in got]
     samples = [{"start": s.start, "fill": s.fill, "perturb": s.perturb, "calls": cs} for s, cs in zip(kept, calls)]
@@ -201,7 +201,7 @@ def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list,
     save_sets(f, contents, torch)  # the pass's pool and buffers, in the worker that runs the original
     ref.worker.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch",
                         "buffers": buffers}, policy.call_timeout_s)
-    # late: launch timing holds a kept call's outputs without a copy (gate/worker/serve.py, _sample_replayed)
+    # late: launch timing holds a kept call's outputs without a copy (gate/worker/checks.py, _sample_replayed)
     ref.worker.request({"op": "original_checks", "samples": samples, "out_file": str(o), "bufs_role": "baseline",
                         "late": ctx.mode == "launch"}, policy.call_timeout_s)
     want = load_raw(o, torch)

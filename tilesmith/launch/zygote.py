@@ -35,7 +35,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 # What every worker imports first (torch, Inductor's loading and wrapper-header modules, the gate
 # worker's own helpers): trusted modules, imported here once. The worker modules themselves are not
-# (runpy runs them as __main__, fresh, in each worker; the gate worker's serve.py is imported by its __main__ then).
+# (runpy runs them as __main__, fresh, in each worker; the gate worker's serve.py is imported by its __main__ then,
+# and its ops' modules setup.py, sample.py and checks.py with it).
 PRELOAD = ("torch", "torch._inductor.codecache", "tilesmith.capture.loading", "torch._inductor.async_compile",
            "torch._inductor.codegen.memory_planning", "torch._inductor.hooks", "torch._inductor.select_algorithm",
            "torch._inductor.utils", "torch._inductor.codegen.multi_kernel", "tilesmith.capture.tensors",

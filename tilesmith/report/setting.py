@@ -168,7 +168,7 @@ def program_setting(run_id: str, graphs: list, estimate) -> ProgramSetting:
     return ProgramSetting(len(graphs), len(cg), won, code, kept, over, est, text, change, note)
 
 
-# How the gate times reduce-overhead's replay (gate/worker/serve.py op_time_setup, gate/worker/trees.py): never slower
+# How the gate times reduce-overhead's replay (gate/worker/setup.py op_time_setup, gate/worker/trees.py): never slower
 # than Inductor's own code path in the program.
 NOTE = ("reduce-overhead's replay, as the gate times it: against a candidate that replays itself, Inductor's code "
         "through its cudagraph trees, the inputs Inductor marked static read in place and the others copied in as "

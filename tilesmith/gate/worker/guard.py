@@ -34,7 +34,7 @@ import sys
 import types
 
 
-# The aten ops (every overload) the worker runs once candidate code has run: worker._set_content and _refill,
+# The aten ops (every overload) the worker runs once candidate code has run: worker.sample._set_content and _refill,
 # worker_tensors.snapshot, outputs_digest and _to_cpu, torch.save of the kept outputs.
 DISPATCH_OPS = ("detach", "alias", "clone", "copy_", "view", "reshape", "_reshape_alias", "_unsafe_view", "contiguous",
                 "as_strided", "to", "_to_copy", "rand", "randint", "uniform_", "random_", "mul", "mul_", "add", "add_",
@@ -125,8 +125,10 @@ def _unencodable(o):
     raise TypeError(f"a gate worker's reply holds a {type(o).__name__}, which JSON cannot hold")
 
 
-# The worker runs as `python -m tilesmith.gate.worker`: __main__ is the package's __main__.py, serve.py the worker.
-MODULES = ("__main__", "tilesmith.gate.worker.serve", "tilesmith.gate.worker.state", "tilesmith.gate.clock",
+# The worker runs as `python -m tilesmith.gate.worker`: __main__ is the package's __main__.py, serve.py the worker
+# (its request loop; its ops in setup.py, sample.py, checks.py and outputs.py).
+MODULES = ("__main__", "tilesmith.gate.worker.serve", "tilesmith.gate.worker.setup", "tilesmith.gate.worker.sample",
+           "tilesmith.gate.worker.checks", "tilesmith.gate.worker.state", "tilesmith.gate.clock",
            "tilesmith.gate.worker.tensors", "tilesmith.gate.worker.outputs", "tilesmith.gate.worker.trees",
            "tilesmith.gate.worker.warm", "tilesmith.gate.worker.patches", "tilesmith.gate.worker.fingerprint",
            "tilesmith.gate.worker.guard", "json", "json.encoder", "json.decoder", "json.scanner")

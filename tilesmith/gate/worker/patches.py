@@ -21,8 +21,10 @@ MODULES = ("torch", "torch.nn.functional", "torch._C", "torch._C._nn", "torch._C
            "torch._inductor.cpp_builder", "torch._inductor.codecache", "ctypes", "math",
            # ... the cudagraph trees candidates are timed through (watched where the worker imported them)
            "torch._inductor.cudagraph_trees", "torch._inductor.compile_fx", "torch._inductor.cudagraph_utils",
-           # ... and what the worker measures with: its own modules (__main__, serve.py), its clock, time, os
-           "__main__", "tilesmith.gate.worker.serve", "tilesmith.gate.clock", "tilesmith.gate.worker.outputs",
+           # ... and what the worker measures with: its own modules (__main__, serve.py and its ops' modules), its
+           # clock, time, os
+           "__main__", "tilesmith.gate.worker.serve", "tilesmith.gate.worker.setup", "tilesmith.gate.worker.sample",
+           "tilesmith.gate.worker.checks", "tilesmith.gate.clock", "tilesmith.gate.worker.outputs",
            "tilesmith.gate.worker.tensors", "tilesmith.gate.worker.fingerprint", "tilesmith.gate.worker.patches",
            "time", "os",
            # ... and what its numbers reach the deciding process through (a wrapped json.dumps that shortened

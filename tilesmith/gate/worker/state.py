@@ -1,4 +1,4 @@
-"""What one gate worker holds between requests (serve.py's ops read and write it): the graph's data, each
+"""What one gate worker holds between requests (the ops serve.py runs read and write it): the graph's data, each
 role's call and timing buffers, the CUDA graphs kept alive, the outputs kept for checks, and the process state
 recorded before any candidate code ran (fingerprint.py, patches.py)."""
 
