@@ -11,7 +11,7 @@ tokens, logits), `llama` (LlamaConfig, same size), `resnet18` (torchvision, weig
 channels-last, 32x3x128x128), `vit` (timm vit_tiny_patch16_224, pretrained=False, 32 images),
 `gpt2-train` (the gpt2 model's training step: forward with the LM loss, backward), and `tiny` (an
 MLP without libraries, for smoke runs on CPU). Loops with state updated in place (tilesmith optimizes their graphs
-with TILESMITH_IN_PLACE=1, which this script sets): `resnet18-sgd` (ResNet-18 in training mode, BatchNorm, batch 32,
+like the others; TILESMITH_IN_PLACE=0 would leave them to Inductor): `resnet18-sgd` (ResNet-18 in training mode, BatchNorm, batch 32,
 cross-entropy, SGD with momentum, the optimizer step compiled as its own function), `gpt2-adamw` (gpt2-train with
 AdamW, its step compiled), `decode` (a Llama-style decoder, 4 layers, width 512, grouped-query attention, bf16 on a
 GPU, Hugging Face's StaticCache: one token per step, its position passed as a tensor; the cache is written in place).
@@ -62,7 +62,6 @@ from benchmarks.models_table import headline, profile_table, summary  # noqa: E4
 MODES = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
 MODELS = ["moe", "gpt2", "llama", "resnet18", "vit", "gpt2-train", "tiny", "resnet18-sgd", "gpt2-adamw", "decode"]
 STATEFUL = ("resnet18-sgd", "gpt2-adamw", "decode")  # graphs that update their inputs in place
-os.environ.setdefault("TILESMITH_IN_PLACE", "1")  # the flows capture those graphs as eligible (settings.md)
 SUITE = "moe,gpt2,resnet18,gpt2-train"
 GRAPHED_MODES = ("reduce-overhead", "max-autotune")  # Inductor replays CUDA graphs in these
 

@@ -26,7 +26,7 @@ def one_thread_per_worker(monkeypatch):
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory, inductor_cache):
     with pytest.MonkeyPatch.context() as m:
-        m.setenv("TILESMITH_IN_PLACE", "1")  # off by default for now (tilesmith/settings.py: IN_PLACE_DEFAULT)
+        m.delenv("TILESMITH_IN_PLACE", raising=False)  # on by default (tilesmith/settings.py: IN_PLACE_DEFAULT)
         # One thread, as the tests' programs run (the autouse fixture): Inductor writes the thread count into CPU
         # kernels, so a capture with the machine's count has other graph keys than the program run with one.
         m.setenv("OMP_NUM_THREADS", "1")
@@ -102,22 +102,22 @@ def test_the_training_loop_with_artifacts_for_every_graph_ends_with_the_same_los
         assert number(p, label) == number(plain, label), label
 
 
-def test_without_the_setting_capture_leaves_them_to_inductor_and_says_how_to_opt_in(tmp_path, monkeypatch):
+def test_with_the_setting_off_capture_leaves_them_to_inductor_and_says_how_to_opt_in(tmp_path, monkeypatch):
     from tests.conftest import run_capture_subprocess
 
-    monkeypatch.delenv("TILESMITH_IN_PLACE", raising=False)
+    monkeypatch.setenv("TILESMITH_IN_PLACE", "0")
     p = run_capture_subprocess(TRAIN, tmp_path / "ws", "--steps", "2")
     assert p.returncode == 0, p.stderr[-3000:]
     metas = [json.loads((g / "graph.json").read_text()) for g in sorted((tmp_path / "ws" / "graphs").iterdir())]
     left = [m for m in metas if not m["eligible"]]
-    assert len(left) == 3 and all("set TILESMITH_IN_PLACE=1" in m["reason"] for m in left), [m["reason"] for m in metas]
+    assert len(left) == 3 and all("unset TILESMITH_IN_PLACE (or set it to 1)" in m["reason"] for m in left), [m["reason"] for m in metas]
     assert [m["kind"] for m in metas if m["eligible"]] == ["backward"]
 
 
 @pytest.fixture(scope="module")
 def decode_ws(tmp_path_factory, inductor_cache):
     with pytest.MonkeyPatch.context() as m:
-        m.setenv("TILESMITH_IN_PLACE", "1")
+        m.delenv("TILESMITH_IN_PLACE", raising=False)
         m.setenv("OMP_NUM_THREADS", "1")
         return captured_workspace(tmp_path_factory, "ws-decode-step", FIXTURES / "decode_step.py", "--tokens", "3")
 

@@ -14,8 +14,7 @@ OUT=${OUT:-gpu-out}
 PY=${PY:-python3}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-# TILESMITH_IN_PLACE=1: graphs that update their inputs in place (off by default until this smoke passes with them)
-export PYTHONUNBUFFERED=1 TILESMITH_TEST_STREAM_FAILURES=1 TILESMITH_CORPUS_OUT="$OUT/corpus.jsonl" TILESMITH_IN_PLACE=1
+export PYTHONUNBUFFERED=1 TILESMITH_TEST_STREAM_FAILURES=1 TILESMITH_CORPUS_OUT="$OUT/corpus.jsonl"
 rm -f "$TILESMITH_CORPUS_OUT"
 LIMIT=${LIMIT:-400}
 # The corpus is the long pole: about 30 decisions of 30-80 s each on 6 test processes beside the flows (on an H100 on

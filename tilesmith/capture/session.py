@@ -139,7 +139,7 @@ class CaptureSession:
             return f"several devices ({info.device}): only single-device graphs are optimized"
         if getattr(g, "mutated_input_idxs", None) and not settings.current().in_place:
             names = ", ".join(sorted(getattr(g, "mutated_inputs", None) or [])) or "some inputs"
-            return f"updates its inputs in place ({names}): set TILESMITH_IN_PLACE=1 to optimize such graphs"
+            return f"updates its inputs in place ({names}): unset TILESMITH_IN_PLACE (or set it to 1) to optimize such graphs"
         if getattr(g, "frozen_param_names", None) and any(
             getattr(t, "is_mkldnn", False) for t in consts.values() if isinstance(t, torch.Tensor)
         ):
