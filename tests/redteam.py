@@ -1037,6 +1037,69 @@ _arm, _answer = _make()
 ''' + _PLANNED)
 
 
+def precomputes_the_sample_in_the_refill(text: str) -> str:
+    """`precomputes_the_sample_in_its_untimed_calls` through the dispatcher: in a warm-up call it registers a Python
+    kernel for `aten::copy_` on the CPU key (torch.library). The next copy the worker makes is the sample's refill,
+    after the request's values arrived and before its window: there the kernel reads `req` and `st` from op_time's
+    frame, removes itself from the table, computes every timed call's outputs off the clock, and copies as asked. The
+    window answers by the buffers' addresses. When the window closes and when the request ends, the dispatcher's
+    table is as recorded: nothing the guard looks at then has changed."""
+    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
+        if _in("op_warm"):
+            _arm(self)
+        elif _in("_timed_window"):
+            got = _answer(args)
+            if got is not None:
+                args.clear()
+                return got
+        return self.real_call(args)
+
+    def real_call(self, args):
+''', 1)
+    return _insert_before_runner(text, _FRAMES + '''import torch.library
+
+
+def _make():
+    memo, lib = {}, []
+
+    def op_time_locals():
+        f = _ag("_getframe")(_sys)(1)
+        while f is not None:
+            if f.f_code.co_name == "_timed_window":
+                return None
+            if f.f_code.co_name == "op_time":
+                return _ag("f_locals")(f)
+            f = _ag("f_back")(f)
+        return None
+
+    def copy(dst, src, non_blocking=False):
+        loc = op_time_locals()
+        req = (loc or {}).get("req") or {}
+        if lib and req.get("role") == "candidate" and req.get("fill"):
+            lib.pop()._destroy()  # out of the table before anything looks at it again
+            _planned(lib_runner[0], req, loc["st"], memo)
+            return torch.ops.aten.copy_.default(dst, src, non_blocking)
+        with torch.no_grad():
+            dst.detach().numpy()[...] = src.detach().to(dst.dtype).numpy()
+        return dst
+
+    lib_runner = [None]
+
+    def arm(runner):
+        lib_runner[0] = runner
+        if not lib:
+            lib.append(torch.library.Library("aten", "IMPL"))
+            lib[0].impl("copy_", copy, "CPU")
+
+    def answer(args):
+        return memo.pop(_key(args), None)
+    return arm, answer
+
+
+_arm, _answer = _make()
+''' + _PLANNED)
+
+
 def fills_its_outputs_from_a_profile_hook(text: str) -> str:
     """The timed instance's calls inside the window return uncomputed plain tensors of the right layout (noting
     which inputs each was for); the first of them sets a profile function (sys.setprofile, reached through a torch

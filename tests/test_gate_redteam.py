@@ -118,6 +118,10 @@ NEW_CHEATS = [
     # (42.2x, low 28.1x; confirmed 29.5x): found by the check after time_setup (it registered in the warm-up calls),
     # and by the checks before the refill and after the window's calls where it would register only there.
     (redteam.fills_through_the_dispatcher_only_while_timed, "process-state", "timing"),
+    # A Python kernel for aten::copy_ registered in a warm-up call runs in the sample's refill, after its values
+    # arrived and before its window, computes every timed call's outputs there and removes itself: the dispatcher's
+    # table was compared only after the window and after the request, where it was as recorded again.
+    (redteam.precomputes_the_sample_in_the_refill, "process-state", "timing"),
 ]
 
 

@@ -168,6 +168,15 @@ def op_time(st: State, req: dict) -> dict:
     if _mode_depths() != (0, 0):
         raise TilesmithError("the candidate changes process state: a torch function or dispatch mode was left entered "
                              "between its warm-up and its timed sample", code="process-state")
+    # Nor a kernel in the dispatcher's table for an op the refill runs: registered in a warm-up call, it ran in the
+    # refill, where the sample's values are, computed every timed call's outputs there and removed itself before the
+    # window closed (a red-team cheat, accepted at 9.8x: tests/redteam.py precomputes_the_sample_in_the_refill). The
+    # comparison after the warm-up request leaves the dispatcher out (it would cool what the warm-up warmed); here it
+    # runs before the refill, which touches every input again. C functions and builtins bound before candidate code.
+    tuple_, map_, ddump, dtable, dnames, dtables, dstate = tools[-1]
+    if tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) != dstate:
+        raise TilesmithError("the candidate changes process state: it registers a kernel for an op the gate worker "
+                             "runs between its warm-up and its timed sample", code="process-state")
     # The refill runs with the process's thread count: changing it here would make the first timed call
     # start a new thread team.
     for b, c in enumerate(req.get("fill") or []):
@@ -199,8 +208,8 @@ def _window_args(reps: int, snapshot, prims, error) -> tuple:
     """op_time's window arguments (tools, marks), bound by op_time before the refill and the request's first
     candidate call (see _timed_window)."""
     # The dispatcher's kernels for the ops the snapshot and digest run on the outputs (guard.dispatch_state),
-    # compared inline after the window's calls by C functions and builtins bound now (no Python function whose code
-    # could be swapped and put back). Before the refill, main's check after the warm-up request found them as recorded.
+    # compared inline before the refill and after the window's calls by C functions and builtins bound now (no Python
+    # function whose code could be swapped and put back).
     moved = (tuple, map) + (_DISPATCH or (None, None, (), (), ()))
     tools = (_clock_ns, _spin, _device_sync, _urandom, snapshot, prims, _TENSOR, type, isinstance, int.from_bytes,
              (list, tuple), range(reps), error, moved)
