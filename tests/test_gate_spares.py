@@ -3,6 +3,8 @@ fresh, never handed out into a different environment, all gone when the block en
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tilesmith.gate import proc
@@ -45,7 +47,9 @@ def test_a_spare_started_in_another_environment_or_for_another_graph_is_never_ha
         w = proc.start_worker("candidate", tmp_path, "cpu", (), spares=pool)  # its sandbox reads another folder
         assert w is not spare.worker
         w.close()
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what the worker would be started with changed
+        # What the worker would be started with changed (a value unlike the one it was started with, whatever the
+        # environment running the tests set).
+        monkeypatch.setenv("OMP_NUM_THREADS", "2" if os.environ.get("OMP_NUM_THREADS") == "1" else "1")
         w = proc.start_worker("candidate", tmp_path, "cpu", (graph,), spares=pool)
         try:
             assert w is not spare.worker
