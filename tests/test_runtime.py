@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import gate_helpers as h
 from tests.conftest import EXAMPLES, captured_workspace, run_capture_subprocess
 from tilesmith import store
 from tilesmith.runtime import NOTICE
@@ -204,7 +205,8 @@ def test_code_that_recognises_the_gates_sandbox_passes_its_checks_and_verify_cat
         (tmp_path / "cheat.py").write_text(cheat)
         with monkeypatch.context() as m:
             m.setattr(static, "screen", lambda text: [])  # the whole static stage off: the dynamic line alone
-            v = judge(inference_ws / "graphs" / k, tmp_path / "cheat.py", Policy(seed=0, time_budget_s=3.0, confirm=False))
+            v = h.settled(lambda: judge(inference_ws / "graphs" / k, tmp_path / "cheat.py",
+                                        Policy(seed=0, time_budget_s=3.0, confirm=False)))
         assert not v.accepted and v.codes == ["not-faster"] and v.stage == "timing", v.reasons
     install_direct(inference_ws, k, cheat.encode())
     unverified = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)
