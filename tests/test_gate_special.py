@@ -76,6 +76,34 @@ def _compared(c, o, ref=None, allow=False, scale=1.0):
                        None if ref is None else [ref], Special([scale], allow))
 
 
+def test_a_position_drawn_twice_gets_its_later_value_on_any_thread_count():
+    """The special values go in through positions drawn at random, a few hundred of them drawn twice in a 256x1024
+    activation: each gets the value of its later draw, as one thread assigns them, on two threads too. (Through
+    torch's parallel indexing either value landed there, 2 in 10 times on two threads under load: a seed's sets then
+    differed between decisions, and an original's outputs kept from an earlier decision were compared with a
+    candidate's run on other inputs.) The same values as before on one thread."""
+    from tilesmith.gate import inputs
+
+    n, seed = 256 * 1024, 3
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.randint(0, n, (n // 32,), generator=g)
+    vals = inputs._extremes(n // 32, torch.float32, g).float()
+    assert pos.unique().numel() < n // 32  # some positions come twice
+    want = torch.zeros(n)
+    for p_, v in zip(pos.tolist(), vals.tolist()):  # one after the other: the later draw stays
+        want[p_] = v
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for _ in range(10 if t > 1 else 1):
+                got = torch.zeros(n)
+                inputs._inject(got, "extremes", torch.Generator().manual_seed(seed), exact=True)
+                assert torch.equal(got, want), (t, int((got != want).sum()))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_nan_or_inf_placed_unlike_the_original_is_its_own_reason_that_says_where_and_how_many():
     o = torch.ones(4, 8)
     o[1, 2], o[2, 5], o[3, 0] = math.nan, math.inf, -math.inf
