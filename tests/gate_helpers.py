@@ -12,6 +12,12 @@ from pathlib import Path
 CLEAR = "        args.clear()\n"
 
 
+# The gate's word that the machine was too busy to time a decision (twice: it measures again once itself), which is
+# what a decision of the original against itself may end with when two test suites share the 2 cores: not accepted,
+# and no verdict on the candidate. Tests of A/A decisions take it beside "not-faster".
+TOO_BUSY = ["unstable-timing"]
+
+
 def settled(decide):
     """`decide()` (a gate decision), made once more where the gate said the machine was too busy to time it
     (exactly `unstable-timing`: the original itself ran several times slower beside the candidate, or in its own

@@ -58,7 +58,7 @@ def test_gate_rejects_the_original_itself_as_not_faster(inf_graph, tmp_path):
     # "not shown to be faster" then, at the same stage and code): a short budget proves the same.
     v = h.settled(lambda: _judge(inf_graph, _original(inf_graph), tmp_path, time_budget_s=3.0))
     assert not v.accepted
-    assert v.stage == "timing" and v.codes == ["not-faster"]
+    assert v.stage == "timing" and v.codes in (["not-faster"], h.TOO_BUSY)
     assert all(c.ok and c.max_abs_error == 0.0 for c in v.first.correctness)
     assert v.reference64 and v.first.correctness[0].ref64_original_abs_error > 0
     t = v.first.timing

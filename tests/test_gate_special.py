@@ -236,7 +236,7 @@ def test_a_special_set_the_original_itself_fails_on_is_left_out_with_a_warning_n
     The decision goes on without that set (the extreme finite values index in bounds and are compared)."""
     g = float_index_graph
     v = h.settled(lambda: judge(g, g / "wrapper.py", Policy(seed=0, time_budget_s=2.0, confirm=False)))
-    assert v.stage == "timing" and v.codes == ["not-faster"], v.reasons
+    assert v.stage == "timing" and v.codes in (["not-faster"], h.TOO_BUSY), v.reasons
     assert [w.code for w in v.warnings if w.code.startswith("special")] == ["special-sets-skipped"]
     assert "set nonfinite" in next(w.message for w in v.warnings if w.code == "special-sets-skipped")
     names = [c.name for c in v.first.correctness]

@@ -207,7 +207,7 @@ def test_code_that_recognises_the_gates_sandbox_passes_its_checks_and_verify_cat
             m.setattr(static, "screen", lambda text: [])  # the whole static stage off: the dynamic line alone
             v = h.settled(lambda: judge(inference_ws / "graphs" / k, tmp_path / "cheat.py",
                                         Policy(seed=0, time_budget_s=3.0, confirm=False)))
-        assert not v.accepted and v.codes == ["not-faster"] and v.stage == "timing", v.reasons
+        assert not v.accepted and v.codes in (["not-faster"], h.TOO_BUSY) and v.stage == "timing", v.reasons
     install_direct(inference_ws, k, cheat.encode())
     unverified = run(EXAMPLES / "inference.py", "--steps", "2", cache=cache)
     assert number(unverified, "checksum") != baseline  # without the check the program gets its zeros
