@@ -993,14 +993,9 @@ _note = _string.rtnote
 ''')
 
 
-def precomputes_from_a_profile_hook(text: str) -> str:
-    """`precomputes_the_sample_in_its_untimed_calls` once the warm-up is a request of its own (worker.op_warm, sent
-    before the sample's input values exist): in a warm-up call it sets a profile function (sys.setprofile, reached
-    as an attribute of a torch module's `sys`). The function runs at the worker's next call event: the worker
-    decoding the sample's request, whose line is a local of its frame. It reads `fill` and `perturb` there, computes
-    every timed call's outputs off the clock, as that cheat does, and removes itself; the window answers by the
-    buffers' addresses. Nothing the guard records is changed when the request ends."""
-    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
+# The call of a cheat armed in a warm-up call (`_arm`, the cheat's own) whose window answers from what it computed
+# off the clock (`_answer`, by the buffers' addresses).
+_ARMED_IN_WARM_UP = '''    def call(self, args):
         if _in("op_warm"):
             _arm(self)
         elif _in("_timed_window"):
@@ -1011,7 +1006,17 @@ def precomputes_from_a_profile_hook(text: str) -> str:
         return self.real_call(args)
 
     def real_call(self, args):
-''', 1)
+'''
+
+
+def precomputes_from_a_profile_hook(text: str) -> str:
+    """`precomputes_the_sample_in_its_untimed_calls` once the warm-up is a request of its own (worker.op_warm, sent
+    before the sample's input values exist): in a warm-up call it sets a profile function (sys.setprofile, reached
+    as an attribute of a torch module's `sys`). The function runs at the worker's next call event: the worker
+    decoding the sample's request, whose line is a local of its frame. It reads `fill` and `perturb` there, computes
+    every timed call's outputs off the clock, as that cheat does, and removes itself; the window answers by the
+    buffers' addresses. Nothing the guard records is changed when the request ends."""
+    text = text.replace("    def call(self, args):\n", _ARMED_IN_WARM_UP, 1)
     return _insert_before_runner(text, _FRAMES + '''def _make():
     memo = {}
 
@@ -1044,18 +1049,7 @@ def precomputes_the_sample_in_the_refill(text: str) -> str:
     frame, removes itself from the table, computes every timed call's outputs off the clock, and copies as asked. The
     window answers by the buffers' addresses. When the window closes and when the request ends, the dispatcher's
     table is as recorded: nothing the guard looks at then has changed."""
-    text = text.replace("    def call(self, args):\n", '''    def call(self, args):
-        if _in("op_warm"):
-            _arm(self)
-        elif _in("_timed_window"):
-            got = _answer(args)
-            if got is not None:
-                args.clear()
-                return got
-        return self.real_call(args)
-
-    def real_call(self, args):
-''', 1)
+    text = text.replace("    def call(self, args):\n", _ARMED_IN_WARM_UP, 1)
     return _insert_before_runner(text, _FRAMES + '''import torch.library
 
 
