@@ -330,3 +330,110 @@ def computes_its_outputs_on_first_read_from_python(text: str) -> str:
     call's and the last call's outputs, copies them in, and ends, before the request does."""
     text = text.replace("    def call(self, args):\n", _LAZY_WHEN_TIMED_PY, 1)
     return _insert_before_runner(text, _FRAMES + _LAZY_WINDOW_PY)
+
+
+# -- the interpreter's pending calls: a signal handler's way into the worker's frames, with no signal ----------------
+
+_PENDING_PY = '''def _make():
+    ct = _ag("modules")(_sys)["ctypes"]
+    pending = _ag("CFUNCTYPE")(ct)(ct.c_int, ct.c_void_p)
+    add = _ag("PYFUNCTYPE")(ct)(ct.c_int, pending, ct.c_void_p)(("Py_AddPendingCall", _ag("pythonapi")(ct)))
+    noted = {}  # id of an uncomputed output -> (runner, output, its inputs)
+    armed = []  # the window's frame, while a pending call is queued
+
+    def fill(_):
+        if not armed:
+            return 0
+        loc = _ag("f_locals")(armed[0])
+        if "t1" not in loc:  # the window is still open: queued again, for the interpreter's next check
+            add(cb, None)
+            return 0
+        armed.clear()
+        _computed(noted, loc.get("kept"))
+        _computed(noted, loc.get("last"))
+        noted.clear()
+        return 0
+
+    cb = pending(fill)
+
+    def note(runner, out, inputs):
+        noted[id(out)] = (runner, out, inputs)
+        f = _ag("_getframe")(_sys)(2)
+        while f is not None and f.f_code.co_name != "_timed_window":
+            f = _ag("f_back")(f)
+        loc = _ag("f_locals")(f) if f is not None else {}
+        if not armed and loc.get("i") == len(loc.get("calls") or ()) - 1:  # the window's last call
+            armed.append(f)
+            add(cb, None)
+    return note, cb
+
+
+_note, _keep_alive = _make()
+'''
+
+
+def fills_its_outputs_from_a_pending_call(text: str) -> str:
+    """No thread, no signal, no native code of its own: the timed window's calls return plain, uncomputed tensors of
+    the right layout (noting their inputs), and the last of them queues a callback with the interpreter's
+    Py_AddPendingCall (torch's own ctypes, `pythonapi`). The interpreter runs pending calls on the main thread at its
+    next check between bytecodes, as it runs a signal handler, and Python code can be queued there from anywhere with
+    no signal and no audit event. Until the window's end time `t1` is set the callback queues itself again; the first
+    check after it is the worker's own `_same_file`, called right after the closing mark is sent: there the callback
+    computes the reservoir's kept call and the last call into the tensors it handed out, before their digest."""
+    from tests.redteam import _COMPUTED, _NOTED_WHEN_TIMED
+
+    text = text.replace("    def call(self, args):\n", _NOTED_WHEN_TIMED, 1)
+    return _insert_before_runner(text, _FRAMES + _PENDING_PY + _COMPUTED)
+
+
+_PENDING_PLAN_PY = '''def _make():
+    ct = _ag("modules")(_sys)["ctypes"]
+    pending = _ag("CFUNCTYPE")(ct)(ct.c_int, ct.c_void_p)
+    add = _ag("PYFUNCTYPE")(ct)(ct.c_int, pending, ct.c_void_p)(("Py_AddPendingCall", _ag("pythonapi")(ct)))
+    memo, armed = {}, []  # armed: the runner, while a pending call is queued
+
+    def sample_request():
+        f = _ag("_getframe")(_sys)(1)
+        while f is not None and f.f_code.co_name != "op_time":
+            f = _ag("f_back")(f)
+        loc = _ag("f_locals")(f) if f is not None else {}
+        req = loc.get("req") or {}
+        return (req, loc["st"]) if req.get("role") == "candidate" and req.get("fill") else (None, None)
+
+    def plan(_):
+        if not armed:
+            return 0
+        req, st = sample_request()
+        if req is None:  # not yet in the sample's request: queued again, for the interpreter's next check
+            add(cb, None)
+            return 0
+        _planned(armed.pop(), req, st, memo)
+        return 0
+
+    cb = pending(plan)
+
+    def arm(runner):
+        if not armed:
+            armed.append(runner)
+            add(cb, None)
+
+    def answer(args):
+        return memo.pop(_key(args), None)
+    return arm, answer, cb
+
+
+_arm, _answer, _keep_alive = _make()
+'''
+
+
+def precomputes_the_sample_from_a_pending_call(text: str) -> str:
+    """`precomputes_from_a_profile_hook` (tests/redteam.py) through the interpreter's pending calls: a warm-up call
+    queues a callback with Py_AddPendingCall (torch's own ctypes) that queues itself again at each of the interpreter's
+    checks until one comes inside the sample's request (op_time's frame, `req` with its `fill` and `perturb`): there,
+    at op_time's entry and before the refill, it computes every timed call's outputs off the clock; the window answers
+    them by the buffers' addresses. Nothing the worker checks before the refill (modes, the dispatcher's table) or after
+    the request (the fingerprint, the guard) sees a queued call."""
+    from tests.redteam import _ARMED_IN_WARM_UP, _PLANNED
+
+    text = text.replace("    def call(self, args):\n", _ARMED_IN_WARM_UP, 1)
+    return _insert_before_runner(text, _FRAMES + _PENDING_PLAN_PY + _PLANNED)
