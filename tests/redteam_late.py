@@ -1,9 +1,13 @@
-"""Red-team cheats that do a candidate's work after its timed window's closing mark (tests/test_gate_redteam_late.py).
+"""Red-team cheats that do a candidate's work outside its timed window (tests/test_gate_redteam_late.py).
 
 The parent times a sample by the kernel's timestamps of the worker's two marks; the kept outputs are snapshotted
 and digested afterwards, in the same process. Whatever candidate code runs between the closing mark and the
-digest's reads is off the clock. These cheats are written with the static screen off (tests/test_gate_redteam.py's
-`screen_off`): they load native code, which the screen refuses today, so only the dynamic defences are tested.
+digest's reads is off the clock, and once the window has closed it can know which two calls are checked:
+- userfaultfd: the outputs' memory is filled by the first read of it (the digest), by a thread of the candidate's;
+- Py_AddPendingCall: a callback the interpreter runs on the main thread between the worker's bytecodes, as it runs a
+  signal handler, with no signal (also before the window: the same callback precomputes a sample at op_time's entry).
+Written for the dynamic defences: the static stage is off in their tests (`screen_off`); the native one is refused
+by the screen, the others only by the allowlist.
 """
 
 from __future__ import annotations
