@@ -1,8 +1,9 @@
 """Red-team cheats that do a candidate's work outside its timed window (tests/test_gate_redteam_late.py).
 
-The parent times a sample by the kernel's timestamps of the worker's two marks; the kept outputs are snapshotted
-and digested afterwards, in the same process. Whatever candidate code runs between the closing mark and the
-digest's reads is off the clock, and once the window has closed it can know which two calls are checked:
+Written against a gate that timed a sample by the kernel's timestamps of the worker's two marks and snapshotted and
+digested the kept outputs afterwards, in the same process: whatever candidate code ran between the closing mark and
+the digest's reads was off the clock, and once the window had closed it could know which two calls are checked
+(what rejects each now: tests/test_gate_redteam_late.py):
 - userfaultfd: the outputs' memory is filled by the first read of it (the digest), by a thread of the candidate's;
 - Py_AddPendingCall: a callback the interpreter runs on the main thread between the worker's bytecodes, as it runs a
   signal handler, with no signal (also before the window: the same callback precomputes a sample at op_time's entry).

@@ -1,28 +1,21 @@
-"""The gate against cheats that do a candidate's work after its timed window's closing mark (tests/redteam_late.py),
-judged as tests/test_gate_redteam.py judges the red team: the static stage switched off, only the dynamic defences
-acting.
+"""The gate against cheats that do a candidate's work outside its timed window (tests/redteam_late.py), judged as
+tests/test_gate_redteam.py judges the red team: the static stage switched off, only the dynamic defences acting.
 
-Main accepts these today (the xfails below); each of the first three computes only the two calls the reservoir keeps,
-once the window has closed and it can know which they are:
-- an output whose memory is registered with userfaultfd is computed by the first read of it, the worker's digest
-  (computes_its_outputs_on_first_read: gcc-built fault server, accepted at 8.93x, low 7.43x, confirmed 9.14x; 7.88x
-  in pytest; ..._from_python, torch's own ctypes and a raw thread: 6.96x and 6.38x, confirmed 6.25x and 6.31x; 5.95x);
-- a callback queued with Py_AddPendingCall runs on the worker's main thread at the interpreter's next check after the
-  closing mark, as a signal handler would, with no signal (fills_its_outputs_from_a_pending_call: 3.44x, low 2.97x,
-  confirmed 3.66x; 3.84x, confirmed 4.00x; 4.02x).
-And, before the window rather than after it, the same pending call computes every timed call's outputs at op_time's
-entry, from the request's fill and perturb (precomputes_the_sample_from_a_pending_call: 11.9x, low 10.4x, confirmed
-11.8x; 11.7x, confirmed 12.1x).
-Measured on the 2-core VM, one OpenMP thread, seed 0, 4 s budget.
-
-What a defence would have to see. The parent can stop the worker (SIGSTOP stops every thread; the worker is its PID
-namespace's init, so its own SIGSTOP is ignored and only one from outside the namespace stops it) and read the outputs
-itself through /proc/PID/mem: a page of a userfaultfd region no one has filled reads as EIO from outside (kernel 6.18,
-with and without UFFD_USER_MODE_ONLY). A pending call runs whenever the main thread runs bytecode, so the worker must
-run none between its closing mark and the stop (the write of the mark is itself followed by a check). Work between the
-mark and the stop is off the clock unless the window ends at the stop, and a cheat that learns which calls are checked
-still computes only those unless the parent picks them after the stop. As a non-root user, a worker forked from the
-zygote that makes itself non-dumpable (prctl, not refused) cannot be read: the read's failure must reject.
+Each was accepted before the defence that now rejects it (2-core VM, one OpenMP thread, seed 0, 4 s budget):
+- an output whose memory is registered with userfaultfd is computed by the first read of it, which was the worker's
+  own digest after the closing mark, and only the two calls the reservoir keeps ever are
+  (computes_its_outputs_on_first_read: gcc-built fault server, accepted at 8.93x, low 7.43x, confirmed 9.14x;
+  ..._from_python, torch's own ctypes and a raw thread: 6.96x and 6.38x, confirmed). Now the parent stops the worker
+  and reads the outputs itself (gate/freeze.py): an unfilled userfaultfd page reads as EIO from outside
+  (`outputs-unreadable`), and the Python one's fault-serving thread, left waiting, is seen after the request;
+- a callback queued with Py_AddPendingCall runs on the worker's main thread at the interpreter's next check, as a
+  signal handler would, with no signal: after the closing mark it filled the checked outputs
+  (fills_its_outputs_from_a_pending_call: 3.44x, 3.84x, 4.02x, confirmed), and at op_time's entry it computed every
+  timed call from the request's fill and perturb before the refill (precomputes_the_sample_from_a_pending_call:
+  11.9x, 11.7x, 11.8x, confirmed; 3.19x on the stopped-worker branch before the next defence). Now the worker serves
+  from a thread of its own and its main thread never runs bytecode again (gate/worker/serve.py main): the callback
+  never runs, the late one leaves its outputs uncomputed and the early one answers nothing.
+With the static stage on, all four are refused there (the native one by the screen, the others by the allowlist).
 """
 
 from __future__ import annotations
@@ -36,33 +29,21 @@ from tests import redteam_late
 from tests.test_gate_redteam import _SCREEN, _judge
 from tilesmith.gate import static
 
-# The reasons the defences proposed would give; none exists yet (the xfails). The parent stops the worker at the
-# closing mark and reads the outputs itself: an unfilled userfaultfd page reads as EIO (LATE, a new code). The worker
-# serves its requests from a thread other than the main thread, parked in C: the interpreter runs a callback queued
-# with Py_AddPendingCall only on its main thread (3.11), so a queued one never runs during a request, the late one
-# leaves its outputs uncomputed (wrong-values-in-timing) and the early one answers nothing (not-faster).
-LATE = "late-outputs"
+# The parent's read of an output's unfilled userfaultfd page fails (gate/freeze.py).
+LATE = "outputs-unreadable"
 
-
-def _xfail(why: str):
-    return pytest.mark.xfail(strict=True, reason="accepted on main: " + why)
-
-
-_ON_READ = _xfail("the outputs are computed by the digest's first read of them, after the window's closing mark "
-                  "(userfaultfd); nothing after the window sees it")
-_PENDING = _xfail("a callback queued with Py_AddPendingCall runs between the worker's bytecodes, as a signal handler "
-                  "did, with no signal for the seccomp filter to refuse")
 
 LATE_CHEATS = [
-    pytest.param(redteam_late.computes_its_outputs_on_first_read, LATE, id="computes_its_outputs_on_first_read",
-                 marks=_ON_READ),
-    pytest.param(redteam_late.computes_its_outputs_on_first_read_from_python, LATE,
-                 id="computes_its_outputs_on_first_read_from_python", marks=_ON_READ),
+    pytest.param(redteam_late.computes_its_outputs_on_first_read, LATE, id="computes_its_outputs_on_first_read"),
+    # The parent's read of its unfilled pages fails too, but first its fault-serving thread, still waiting for a read
+    # from inside the worker that never comes, is seen by the checks after the request.
+    pytest.param(redteam_late.computes_its_outputs_on_first_read_from_python, "process-state",
+                 id="computes_its_outputs_on_first_read_from_python"),
     pytest.param(redteam_late.fills_its_outputs_from_a_pending_call, "wrong-values-in-timing",
-                 id="fills_its_outputs_from_a_pending_call", marks=_PENDING),
+                 id="fills_its_outputs_from_a_pending_call"),
     # Before the window rather than after it: the span from the sample's request to its opening mark.
     pytest.param(redteam_late.precomputes_the_sample_from_a_pending_call, "not-faster",
-                 id="precomputes_the_sample_from_a_pending_call", marks=_PENDING),
+                 id="precomputes_the_sample_from_a_pending_call"),
 ]
 
 
@@ -76,7 +57,7 @@ def screen_off(monkeypatch):
     monkeypatch.setattr(static, "screen", lambda text: [])  # judge() looks it up at each call; the allowlist is off too
 
 
-def test_only_the_static_stage_refuses_the_late_cheats_today(inf_graph):
+def test_the_static_stage_refuses_the_late_cheats_too(inf_graph):
     """The static stage's word on them (the dynamic tests below switch it off): the native one is refused by the
     screen; those through torch's own ctypes pass the screen and only the allowlist refuses them."""
     text = (inf_graph / "wrapper.py").read_text()
