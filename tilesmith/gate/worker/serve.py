@@ -31,6 +31,10 @@ from tilesmith.gate.worker.setup import op_load, op_pin, op_time_setup  # noqa: 
 from tilesmith.gate.worker.state import State  # noqa: E402
 from tilesmith.gate.worker.warm import warm_device, warm_inductor  # noqa: E402
 
+# A CUDA graph's worker serves from its main thread, as before, until `make gpu-smoke` has run it parked (main): no
+# GPU run has judged the parked worker yet (CUDA contexts, CUDA graphs and Inductor's cudagraph trees on a thread
+# other than the main one). Its CPU workers are parked.
+PARK_ON_CUDA = False
 WARM_WAIT_NS = 50_000_000  # after a warm-up, how long the worker waits for the sample's request awake (spinning)
 
 
@@ -88,6 +92,8 @@ def main(fd: int, mark_fd: int = -1) -> None:
     import signal
     import threading
 
+    if not os.environ.get("TILESMITH_GATE_DEVICE", "cpu").startswith("cpu") and not PARK_ON_CUDA:
+        return _serve_then_exit(fd, mark_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Python's handler runs on the main thread: none to run
     server = threading.Thread(target=_serve_then_exit, args=(fd, mark_fd), name="tilesmith-gate-worker", daemon=True)
     server.start()  # before the mask below: the serving thread keeps the default one
