@@ -80,15 +80,15 @@ def _mark_socket():
         ours.close()
         theirs.close()
         return None, None
-    # The sender's pid, as the kernel sees it from here, on each datagram (the process gate/freeze.py reads); without
-    # it no sample stops for that read (a layout datagram without its sender is refused).
-    with contextlib.suppress(OSError):
-        ours.setsockopt(socket.SOL_SOCKET, _SO_PASSCRED, 1)
     return ours, theirs
 
 
 def _passes_creds(sock) -> bool:
+    """Ask the kernel for the sender's pid, as seen from here, on each datagram of `sock` (the process gate/freeze.py
+    reads); False where it will not (no sample stops for that read then: a layout datagram without its sender is
+    refused)."""
     try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_PASSCRED, 1)
         return sock.getsockopt(socket.SOL_SOCKET, _SO_PASSCRED) == 1
     except OSError:
         return False
@@ -132,7 +132,7 @@ class Worker:
         self.freeze_error = ""
         self._layout: tuple[int, bytes] | None = None  # (sender's pid, layout) from the last layout datagrams
         self._parts: list[bytes] = []  # the layout's datagrams so far
-        self.stops = self._marks_sock is not None and _passes_creds(self._marks_sock) and freeze_supported(device)
+        self.stops = self._marks_sock is not None and freeze_supported(device) and _passes_creds(self._marks_sock)
         self.refused: list[str] = []  # what the worker's audit hook refused, as it reported on the mark socket
 
     def request(self, msg: dict, timeout_s: float, read=None) -> dict:
