@@ -87,8 +87,8 @@ def main(fd: int, mark_fd: int = -1) -> None:
     warm-up call, read the next request's values at op_time's entry and computed the whole sample before its
     window (accepted at 11.9x), and another filled the checked outputs right after the closing mark (3.4-4.0x):
     tests/redteam_late.py. With no bytecode ever run on the main thread again, such a callback never runs. Nothing
-    wakes it: no signal can interrupt its wait (blocked here; a blocked SIGSTOP/SIGCONT restarts the call), SIGINT
-    is ignored, and the serving thread ends the process itself (os._exit)."""
+    wakes it: it waits on no descriptor, no signal can interrupt its wait (blocked here; a stop and continue restarts
+    the call), SIGINT is ignored, and the serving thread ends the process itself (os._exit)."""
     import signal
     import threading
 
@@ -98,9 +98,8 @@ def main(fd: int, mark_fd: int = -1) -> None:
     server = threading.Thread(target=_serve_then_exit, args=(fd, mark_fd), name="tilesmith-gate-worker", daemon=True)
     server.start()  # before the mask below: the serving thread keeps the default one
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-    park, _ = os.pipe()
-    while True:
-        os.read(park, 1)  # never written: the main thread waits here until the process ends
+    while True:  # no descriptor to wake it (a pipe's other end, left open, was written to and woke it: a red team's)
+        select.select([], [], [])  # only a signal could end this wait, and every one is blocked here
 
 
 def _serve_then_exit(fd: int, mark_fd: int) -> None:
