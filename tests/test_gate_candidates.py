@@ -75,6 +75,10 @@ def test_gate_accepts_a_candidate_that_is_genuinely_faster(slow_graph, tmp_path)
         assert all(c.ok for c in p.correctness)
         # Its worker was watched while the original was timed apart, and stayed (nearly) idle.
         assert p.timing.idle_wall_ms > 0 and p.timing.idle_cpu_ms < 0.1 * p.timing.idle_wall_ms
+        # Both workers were stopped by the parent after each window, which read the outputs it checks itself
+        # (gate/freeze.py): the span to each stop is in the samples (and the checks matched the parent's digests).
+        assert p.timing.after_window_us > 0 and p.timing.after_window_original_us > 0
+        assert p.timing.checked_calls > 0
     assert v.first.seed != v.confirmation.seed
     import hashlib
 

@@ -465,7 +465,11 @@ def test_optimize_cli_after_ctrl_c_exits_130_and_names_the_command_that_resumes_
 
     p = subprocess.Popen([sys.executable, "-m", "tilesmith_cli.app", "optimize", "-w", str(oversub_ws)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first = p.stderr.readline()  # "run RID: 1 graph(s)": the run exists, its graph is being profiled
+    seen = []  # until "run RID: 1 graph(s)": the run exists, its graph is being profiled (a warning may come first)
+    while not (seen and seen[-1].startswith("run ")):
+        seen.append(p.stderr.readline())
+        assert seen[-1] and len(seen) < 50, "".join(seen)
+    first = seen[-1]
     rid = first.split()[1].rstrip(":")
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=300)

@@ -72,6 +72,10 @@ def timed(thunk: Callable[[], object], n: int, sync: Callable[[], None],
 # What the gate worker sends on its mark socket as a timed window opens and as it closes (gate/worker/sample.py op_time): the
 # kernel's timestamps of the two are the parent's own measure of the window (gate/windows.py: the time the deciding process counts).
 WINDOW_MARK = b"|"
+# What it sends right after the closing mark where the parent stops it to read the outputs itself (gate/freeze.py):
+# the layout of the outputs, in datagrams of at most LAYOUT_CHUNK bytes after their first byte: LAYOUT_PART, and
+# LAYOUT_MARK on the last.
+LAYOUT_MARK, LAYOUT_PART, LAYOUT_CHUNK = b"L", b"l", 16384
 MAX_GAP_NS = 50_000_000  # the program's host time between calls the gate spends per call, at most 50 ms
 
 

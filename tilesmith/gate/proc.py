@@ -22,9 +22,10 @@ from pathlib import Path
 
 from tilesmith.launch import sandbox
 from tilesmith import settings
-from tilesmith.gate.clock import WINDOW_MARK
+from tilesmith.gate.clock import LAYOUT_CHUNK, LAYOUT_MARK, LAYOUT_PART, WINDOW_MARK
+from tilesmith.gate.freeze import supported as freeze_supported
 from tilesmith.gate.worker import audit
-from tilesmith.gate.procfs import tree_cpu_ns
+from tilesmith.gate.procfs import process_tree, tree_cpu_ns
 from tilesmith.launch.secrets import is_secret, redact
 
 class WorkerFailure(Exception):
@@ -60,6 +61,8 @@ def openmp_wait(env: dict) -> dict:
 
 
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value where Python does not name it
+MAX_LAYOUT_PARTS = 256  # a timed sample's outputs' layout, in LAYOUT_CHUNK datagrams, at most (4 MiB)
+_SO_PASSCRED, _SCM_CREDENTIALS = getattr(socket, "SO_PASSCRED", 16), getattr(socket, "SCM_CREDENTIALS", 2)
 
 
 def _mark_socket():
@@ -78,6 +81,17 @@ def _mark_socket():
         theirs.close()
         return None, None
     return ours, theirs
+
+
+def _passes_creds(sock) -> bool:
+    """Ask the kernel for the sender's pid, as seen from here, on each datagram of `sock` (the process gate/freeze.py
+    reads); False where it will not (no sample stops for that read then: a layout datagram without its sender is
+    refused)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_PASSCRED, 1)
+        return sock.getsockopt(socket.SOL_SOCKET, _SO_PASSCRED) == 1
+    except OSError:
+        return False
 
 
 class Worker:
@@ -111,12 +125,24 @@ class Worker:
         # When the last request's window marks were sent (kernel time, ns); None where marks cannot be timestamped.
         self.marks: list[int] | None = [] if self._marks_sock is not None else None
         self.sent_ns = 0  # when the last request was written (time.time_ns: the clock the kernel stamps marks with)
+        # A sample that stops for the parent's read (gate/freeze.py): when the stop was sent (None: it did not stop),
+        # what the parent's read returned, or why it failed.
+        self.stop_ns: int | None = None
+        self.frozen: object = None
+        self.freeze_error = ""
+        self._layout: tuple[int, bytes] | None = None  # (sender's pid, layout) from the last layout datagrams
+        self._parts: list[bytes] = []  # the layout's datagrams so far
+        self.stops = self._marks_sock is not None and freeze_supported(device) and _passes_creds(self._marks_sock)
         self.refused: list[str] = []  # what the worker's audit hook refused, as it reported on the mark socket
 
-    def request(self, msg: dict, timeout_s: float) -> dict:
+    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
         """Send one request and wait for its reply; raises WorkerFailure (and kills the worker) on any failure.
         The window marks a timed request sends before its reply (clock.WINDOW_MARK) are then taken off the mark
-        socket; `self.marks` holds the kernel's send times, the parent's own measure of the window."""
+        socket; `self.marks` holds the kernel's send times, the parent's own measure of the window.
+        read: for a request with "freeze", what to do with the stopped worker (gate/freeze.py): `read(pid, layout)`,
+        its result in self.frozen (an exception's text in self.freeze_error); self.stop_ns when the stop was sent."""
+        self.stop_ns, self.frozen, self.freeze_error, self._layout, self._parts = None, None, "", None, []
+        early: list[int] = []
         if self.marks is not None:
             self._drain_marks()  # none should be left from earlier requests: they would not be this one's
             self.marks = []
@@ -127,9 +153,11 @@ class Worker:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise self._fail("crashed", "the worker exited before the request") from None
+        if msg.get("freeze") and self.marks is not None:
+            early = self._stop_at_window_end(timeout_s, read)
         reply = self._read_line(timeout_s)
         if self.marks is not None:
-            self.marks = self._drain_marks()  # sent before the reply, so queued before it arrived
+            self.marks = early + self._drain_marks()  # sent before the reply, so queued before it arrived
         if self.refused:  # whatever the reply says: the candidate may have caught the refusal and gone on
             self.close()
             raise WorkerFailure("process-state", "the candidate tried what the gate worker refuses (its audit hook): "
@@ -145,6 +173,40 @@ class Worker:
             self.close()
             raise WorkerFailure(str(d.get("code") or "raised")[:40], redact(str(d.get("error") or "failed"))[:800])
         return d
+
+    def _stop_at_window_end(self, timeout_s: float, read) -> list[int]:
+        """Wait for the layout the worker sends right after its window's closing mark, then stop its tree, hand
+        it to `read`, let it run again and send the go (gate/freeze.py). Returns the marks taken off the socket
+        meanwhile. Returns without a stop where the reply comes first (the caller finds stop_ns None)."""
+        from tilesmith.gate import freeze
+
+        got: list[int] = []
+        deadline = time.monotonic() + timeout_s
+        while self._layout is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return got  # _read_line's own timeout then fails the request
+            ready, _, _ = select.select([self._marks_sock, self._r], [], [], min(left, 1.0))
+            if self._marks_sock in ready:
+                got += self._drain_marks()
+                continue
+            if self._r in ready:
+                return got
+        pid, layout = self._layout
+        pids: list[int] = []
+        try:
+            # Stopped before anything else: the sample ends there.
+            pids, self.stop_ns = freeze.stop(pid, self.proc.pid)
+            self.frozen = read(pid, layout) if read is not None else None
+        except Exception as e:  # noqa: BLE001  the candidate's failure to be read, or the tree's to stop
+            self.freeze_error = f"{type(e).__name__}: {e}"[:400]
+        finally:
+            from tilesmith.gate.procfs import thaw
+
+            thaw(pids)
+        with contextlib.suppress(OSError):
+            self._marks_sock.send(b"G")
+        return got
 
     def cpu_ns(self) -> int:
         """CPU time the worker and every process it started have used so far (tree_cpu_ns)."""
@@ -174,16 +236,26 @@ class Worker:
         out = []
         while True:
             try:
-                data, anc, _, _ = self._marks_sock.recvmsg(128, socket.CMSG_SPACE(16))
+                data, anc, _, _ = self._marks_sock.recvmsg(LAYOUT_CHUNK + 64,
+                                                           socket.CMSG_SPACE(16) + socket.CMSG_SPACE(12))
             except (BlockingIOError, InterruptedError):
                 return out
             except OSError:
                 return out + [-1]
-            ts = -1
+            ts, pid = -1, None
             for level, kind, raw in anc:
                 if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
                     sec, ns = struct.unpack("qq", raw[:16])
                     ts = sec * 1_000_000_000 + ns
+                elif level == socket.SOL_SOCKET and kind == _SCM_CREDENTIALS and len(raw) >= 12:
+                    pid = struct.unpack("iII", raw[:12])[0]
+            if data[:1] in (LAYOUT_MARK, LAYOUT_PART):  # the outputs' layout, sent as the worker waits to be stopped
+                self._parts.append(data[1:])
+                if self._layout is not None or not pid or len(self._parts) > MAX_LAYOUT_PARTS:
+                    out.append(-1)  # a second one, one without its sender, or too long: no window check can hold
+                elif data[:1] == LAYOUT_MARK:
+                    self._layout, self._parts = (pid, b"".join(self._parts)), []
+                continue
             if data.startswith(audit.REFUSAL):  # the worker's audit hook refused something (gate/worker/audit.py)
                 self.refused += audit.refusals([data])
                 continue

@@ -41,3 +41,78 @@ def tree_cpu_ns(pid: int) -> int:
         except (OSError, ValueError, IndexError):
             continue  # gone since it was listed
     return int(total * _TICK_NS)
+
+
+def _states(pid: int) -> list[bytes]:
+    """The scheduler state of every thread of process `pid` (proc(5) stat field 3); [] where it is gone."""
+    out = []
+    try:
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{t}/stat", "rb") as f:
+                    raw = f.read()
+                out.append(raw[raw.rindex(b")") + 2:][:1])
+            except (OSError, ValueError):
+                continue  # a thread that ended since it was listed
+    except OSError:
+        return []
+    return out
+
+
+class FreezeFailed(Exception):
+    """A process tree that could not be stopped whole."""
+
+
+def freeze(pid: int, timeout_s: float = 5.0) -> list[int]:
+    """SIGSTOP process `pid` and every process under it, and return once every thread of each is stopped (a
+    process forked meanwhile is found and stopped too). Sent from outside the tree, SIGSTOP cannot be caught,
+    blocked or ignored, not even by the first process of a PID namespace. The pids stopped; thaw() resumes them."""
+    import signal
+    import time
+
+    stopped: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tree = process_tree(pid)
+        for p in tree:
+            if p not in stopped:
+                try:
+                    os.kill(p, signal.SIGSTOP)
+                except ProcessLookupError:
+                    continue
+                stopped.append(p)
+        if all(s in (b"T", b"t", b"Z", b"X") for p in tree for s in _states(p)) and process_tree(pid) == tree:
+            return stopped
+        if time.monotonic() > deadline:
+            thaw(stopped)
+            raise FreezeFailed(f"process {pid}'s tree did not stop within {timeout_s:.0f} s")
+        time.sleep(0)
+
+
+def thaw(pids: list[int]) -> None:
+    import signal
+
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGCONT)
+        except ProcessLookupError:
+            continue
+
+
+def read_memory(pid: int, address: int, n: int) -> bytes:
+    """n bytes of process `pid`'s memory from `address`, read through /proc (the process should be stopped:
+    freeze); OSError where any of it is not mapped or cannot be read."""
+    if n == 0:
+        return b""
+    fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    try:
+        parts, done = [], 0
+        while done < n:
+            chunk = os.pread(fd, min(n - done, 1 << 26), address + done)
+            if not chunk:
+                raise OSError(f"nothing at {address + done:#x} in process {pid}")
+            parts.append(chunk)
+            done += len(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(fd)

@@ -17,7 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from tilesmith.gate import windows
+from tilesmith.gate import freeze, windows
 from tilesmith.gate.verdict import Reason, Timing
 
 
@@ -96,12 +96,14 @@ class CheckedSample:
     digest: int | None = None  # the worker's CRC of the sample's kept outputs, sent with the sample
 
 
-def _sample(worker, msg: dict, timeout_s: float) -> tuple[windows.Sample | None, Reason | None, dict]:
+def _sample(worker, msg: dict, timeout_s: float, read=None) -> tuple[windows.Sample | None, Reason | None, dict]:
     """One timed sample, timed by the parent (windows.measured): the kernel's timestamps of the two marks the worker
     sends as its window opens and closes, and when the request was written; no shorter than the host time the
     request asked to be spent before its calls (msg's gap_ns per call)."""
+    if getattr(worker, "stops", False):  # the parent stops the worker at its window's end (gate/freeze.py)
+        msg = {**msg, "freeze": True}
     w0 = time.perf_counter_ns()
-    reply = worker.request(msg, timeout_s=timeout_s)
+    reply = worker.request(msg, timeout_s=timeout_s, read=read)
     wall = time.perf_counter_ns() - w0
     s, bad = windows.measured(worker, reply, wall, int(msg.get("gap_ns") or 0) * int(msg.get("reps") or 1))
     return s, bad, reply
@@ -144,16 +146,17 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     idle = {"cpu": 0, "wall": 0}  # the candidate's worker, while the timer's samples ran (ns)
     short: dict = {"apart": [], "candidate": [], "beside": []}  # worker's number shorter than its marked window (ns)
     pre: dict = {"apart": [], "candidate": [], "beside": []}  # from the request's write to its window's start (ns)
+    post: dict = {"apart": [], "candidate": [], "beside": []}  # from its window's end to the parent's stop (ns)
     k = 0
     timeout_s = max(60.0, 20 * reps * (per_call_ns + gap_ns) / 1e9)
     sides = [(timer, base_role, b_all), (cand, "candidate", c_all)] + ([(cand, "baseline", i_all)] if beside else [])
     watching = timer is not cand and hasattr(cand, "cpu_ns")  # as _round decides where the idle watch runs
     for attempt in range(2):  # a second time where the original's own samples were implausible (_implausible)
-        for x in (b_all, c_all, i_all, *short.values(), *pre.values()):
+        for x in (b_all, c_all, i_all, *short.values(), *pre.values(), *post.values()):
             x.clear()
         idle.update(cpu=0, wall=0)
         state, apart, near, k = _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, kept, pending,
-                                               idle, gap_ns, short, pre, beside, watching)
+                                               idle, gap_ns, short, (pre, post), beside, watching)
         if state == "forged":
             return None, [apart], kept
         # The candidate's own processes busy while the original ran is its doing, not the machine's: never measured
@@ -169,6 +172,9 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     if pre["candidate"] and pre["apart"]:
         t.before_window_us = statistics.median(pre["candidate"]) / 1e3
         t.before_window_original_us = statistics.median(pre["apart"]) / 1e3
+    if post["candidate"] and post["apart"]:
+        t.after_window_us = statistics.median(post["candidate"]) / 1e3
+        t.after_window_original_us = statistics.median(post["apart"]) / 1e3
     if why:
         return t, [Reason("unstable-timing", f"{why}, twice: the machine was too busy to time this decision (measured "
                                              "again after the first time; the candidate is not at fault)")], kept
@@ -237,7 +243,7 @@ def _busy(idle: dict) -> Reason | None:
 
 def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, timeout_s: float,
            kept: list, pending: dict, idle: dict, last: bool, gap_ns: int = 0, short: dict | None = None,
-           pre: dict | None = None) -> Reason | None:
+           pre: tuple | None = None) -> Reason | None:
     """One sample of each side, with fresh input values; the candidate's sample is checked when the draw
     says so (or `last`: the batch's last round). Each sample is two requests: its untimed warm-up calls
     (worker.op_warm), then the sample, whose input values the worker learns only then. The draw is made when
@@ -245,7 +251,8 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
     before anything else.
     Around each sample of another worker, adds the CPU time the candidate's worker used to idle["cpu"]
     and that sample's wall time to idle["wall"]. Appends each side's window as the parent measured it to the sides'
-    lists, and to `short` and `pre` what windows.Sample says of it; a reason on a forged sample."""
+    lists, and to `short` and `pre` (before the window, after it) what windows.Sample says of it; a reason on a
+    forged sample."""
     fill = [rng.randrange(contents) for _ in range(buffers)]
     perturb = rng.getrandbits(62)
     # Rounds alternate between two mirrored orders, the candidate in the middle (Bx C Bi | Bi C Bx): the
@@ -256,11 +263,12 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
         if w is cand:
             warm["keep"] = pending.pop("keep", False)  # the word on its last candidate sample, drawn already
         msg = {"op": "time", "role": role, "reps": reps, "start": k, "fill": fill, "perturb": perturb, "gap_ns": gap_ns}
+        stops = getattr(w, "stops", False)  # the parent stops the worker at its window's end (gate/freeze.py)
         watch = w is not cand and hasattr(cand, "cpu_ns")
         c0, w0 = (cand.cpu_ns(), time.perf_counter_ns()) if watch else (0, 0)
         side = "candidate" if role == "candidate" else "beside" if w is cand else "apart"
         w.request(warm, timeout_s=timeout_s)
-        s, bad, reply = _sample(w, msg, timeout_s)
+        s, bad, reply = _sample(w, msg, timeout_s, freeze.digest if stops and role == "candidate" else None)
         if watch:
             idle["wall"] += time.perf_counter_ns() - w0
             idle["cpu"] += cand.cpu_ns() - c0
@@ -270,12 +278,13 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
         if short is not None:
             short[side].append(s.short_ns)
         if pre is not None:
-            pre[side].append(s.pre_ns)
+            pre[0][side].append(s.pre_ns)
+            pre[1][side].append(s.post_ns)
         if role == "candidate":
             keep = last or (len(kept) < MAX_CHECKED_SAMPLES and rng.random() < KEEP_PROBABILITY)
             pending["keep"] = keep
             if keep:
-                digest = reply.get("digest") if isinstance(reply, dict) else None
+                digest = w.frozen if stops else reply.get("digest") if isinstance(reply, dict) else None
                 kept.append(CheckedSample(k, fill, perturb, digest if isinstance(digest, int) else None))
     return None
 

@@ -124,6 +124,10 @@ class Timing:
     # worker (reported; gate/windows.py says why it is not compared).
     before_window_us: float = 0.0
     before_window_original_us: float = 0.0
+    # From a sample's window's end to the parent's stop of its worker, median (us), counted in the sample (a CPU
+    # worker's outputs are read by the parent from the stopped process: gate/freeze.py); 0 where samples do not stop.
+    after_window_us: float = 0.0
+    after_window_original_us: float = 0.0
 
 
 @dataclass

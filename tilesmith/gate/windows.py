@@ -3,11 +3,15 @@ move: the time the parent wrote each sample's request, and the kernel's timestam
 the sample's window opens and closes (proc._mark_socket). The number the worker reports is never used to decide.
 And its word on whether the original's samples could be measured at all (`implausible`).
 
-A sample's time is its marked window. The span from its request to that window holds the same work for every role
-(reading the request, refilling the same buffers with the same values, synchronising the device), and nothing of the
-candidate's can run there: no profile or trace function (the audit hook refuses one), no finalizer (the collector is
-off), no signal handler (none can be installed once the candidate has loaded: gate/worker/seccomp.py), and no thread, mode
-or dispatcher kernel left by the warm-up (worker.op_time checks before the refill). That span is not compared between
+A sample's time is its marked window; on the CPU it ends instead when the parent stops the worker after the closing
+mark to read the outputs itself (gate/freeze.py), so that what any thread did after the window is timed. The span from
+its request to that window holds the same work for every role (reading the request, refilling the same buffers with
+the same values, synchronising the device), and nothing of the candidate's runs on the worker's own thread there: no
+profile or trace function (the audit hook refuses one), no finalizer (the collector is off), no signal handler (none
+can be installed once the candidate has loaded: gate/worker/seccomp.py), and no torch mode or dispatcher kernel left by
+the warm-up (worker.op_time checks before the refill). A thread of the candidate's own (a native one: Python threads
+are seen by the checks after each request) could still run beside the refill and read the values it writes: work
+that is not timed, not closed yet (a Python thread that tried it came out not faster). That span is not compared between
 processes: honest spans differ by hundreds of microseconds to milliseconds between two workers on a loaded machine
 (an A/A candidate's came 278 us later than the original's at the median on an H100 shared with other gate jobs, and
 5.5 ms later on the 2-core CPU machine under load), which rejected honest code as work done off the clock when
@@ -29,6 +33,7 @@ class Sample:
     ns: int  # the window: the kernel's timestamps of its marks (the parent's wall span where there are none)
     pre_ns: int = 0  # from the request's write to the window's opening mark (0 where there are no marks)
     short_ns: int = 0  # how much shorter the worker's own number was than its marked window (reported only)
+    post_ns: int = 0  # from the closing mark to the parent's stop, counted in ns (gate/freeze.py; 0 without a stop)
 
 
 def measured(worker, reply: dict, wall_ns: int, least_ns: int) -> tuple[Sample | None, Reason | None]:
@@ -48,6 +53,15 @@ def measured(worker, reply: dict, wall_ns: int, least_ns: int) -> tuple[Sample |
     else:
         sent = getattr(worker, "sent_ns", None)
         s = Sample(marks[1] - marks[0], max(0, marks[0] - sent) if sent is not None else 0, marks[1] - marks[0] - ns)
+        if getattr(worker, "stops", False):  # the sample ends when the parent stopped the worker (gate/freeze.py)
+            stop = getattr(worker, "stop_ns", None)
+            if getattr(worker, "freeze_error", ""):
+                return None, Reason("outputs-unreadable", "the parent could not read the timed calls' outputs out of "
+                                                          f"the stopped worker: {worker.freeze_error}")
+            if stop is None or stop < marks[1]:
+                return None, Reason("timing-forged", "the timing worker replied without waiting to be stopped at its "
+                                                     "window's end: what it did after the window cannot be timed")
+            s.post_ns, s.ns = stop - marks[1], stop - marks[0]
     if s.ns < least_ns:
         return None, Reason("timing-forged", f"a sample of {s.ns / 1e6:.3f} ms is shorter than the {least_ns / 1e6:.3f} "
                                              "ms of the program's host time its calls had to spend: the wait was skipped")

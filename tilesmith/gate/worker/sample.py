@@ -25,6 +25,10 @@ _gc_enable = gc.enable
 _spin = clock.spin  # bound before any candidate code runs, as the sync is
 _clock_ns = clock._perf_ns
 _write = os.write
+_read = os.read
+_TB = torch._C.TensorBase
+# A kept output's layout for the parent's own read of it (freeze below): bound before candidate code exists here.
+_LAYOUT = (_TB.data_ptr, _TB.size, _TB.stride, _TB.dtype.__get__, _TB.element_size, _TB.numel, tuple, repr, str)
 _MARK_FD = -1  # the socket timed windows are marked on (main sets it before the worker guard records this module)
 _MARK_ID = None  # that socket's identity, (st_dev, st_ino): a descriptor redirected to anything else is seen
 _TENSOR = torch.Tensor
@@ -89,6 +93,8 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
     t1 = perf()
     if marks is not None:
         marks[0]()
+        if marks[2] is not None:  # the parent stops this process and reads the outputs itself (gate/freeze.py)
+            marks[2]((kept or []) if ours else [], last if ours else [], tensor, type_, seqs)
         redirected = redirected or not marks[1]()
     # Before the snapshot and digest dispatch anything: a kernel the candidate registered is in place now.
     if tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) != dstate:
@@ -153,7 +159,7 @@ def op_time(st: State, req: dict) -> dict:
 
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     snapshot, digest, prims, timed_window, gc_on = _snapshot, outputs_digest, PRIMS, _timed_window, _gc_enable
-    tools, marks = _window_args(reps, snapshot, prims, TilesmithError)
+    tools, marks = _window_args(reps, snapshot, prims, TilesmithError, bool(req.get("freeze")))
     # The program's own host time before each call (gate.timed.program_gap_ns), read from this request before
     # any candidate code runs in it; the parent rejects a sample shorter than its calls' share of it.
     gap = max(0, min(clock.MAX_GAP_NS, int(req.get("gap_ns") or 0)))
@@ -195,8 +201,9 @@ def op_time(st: State, req: dict) -> dict:
     if ours:
         outputs = [kept, snapshot(last, graph, prims)]
         # The kept outputs go to a file in the candidate's own folder and reach the parent later
-        # (gate.timed._timing_checks compares them with this).
-        crc = digest(outputs, prims)
+        # (gate.timed._timing_checks compares them with this, or with the parent's own digest where it stopped this
+        # process to read them: gate/freeze.py).
+        crc = digest(outputs, prims) if marks is None or marks[2] is None else None
     gc_on()  # off since the last reply (main)
     if not ours:
         return {"ns": ns}
@@ -204,7 +211,7 @@ def op_time(st: State, req: dict) -> dict:
     return {"ns": ns, "digest": crc}
 
 
-def _window_args(reps: int, snapshot, prims, error) -> tuple:
+def _window_args(reps: int, snapshot, prims, error, freeze: bool = False) -> tuple:
     """op_time's window arguments (tools, marks), bound by op_time before the refill and the request's first
     candidate call (see _timed_window)."""
     # The dispatcher's kernels for the ops the snapshot and digest run on the outputs (guard.dispatch_state),
@@ -216,9 +223,34 @@ def _window_args(reps: int, snapshot, prims, error) -> tuple:
     # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (proc._mark_socket),
     # and a check that the descriptor still is that socket (none where op_time runs without a parent, in a test).
     marks = ((functools.partial(_write, _MARK_FD, clock.WINDOW_MARK), functools.partial(_same_file, os.fstat, _MARK_FD,
-                                                                                       _MARK_ID))
+                                                                                       _MARK_ID),
+              functools.partial(_stop_for_the_parent, _write, _read, _MARK_FD, _LAYOUT) if freeze else None)
              if _MARK_FD >= 0 else None)
     return tools, marks
+
+
+def _stop_for_the_parent(write, read, fd: int, prims: tuple, kept: list, last, tensor, type_, seqs) -> None:
+    """Right after the window's closing mark: the layout of the outputs the parent may check (the kept call's and the
+    last call's: address, size, stride, dtype) on the mark socket, then wait, doing nothing, for its word. Meanwhile
+    the parent stops this process and everything under it, reads those outputs out of its memory and digests them
+    (gate/freeze.py): what they hold when the process stops is what is checked, and the stop ends the sample."""
+    data_ptr, size, stride, dtype_of, element_size, numel, tuple_, repr_, str_ = prims
+    lists = []
+    for outs in (kept, last if type_(last) in seqs else [last]):
+        entries = []
+        for o in outs:
+            if type_(o) is tensor:
+                entries.append(("t", data_ptr(o) if numel(o) else 0, tuple_(size(o)), tuple_(stride(o)),
+                                str_(dtype_of(o)), element_size(o)))
+            else:
+                entries.append(("o", repr_(o)))
+        lists.append(entries)
+    data, part, last_part = repr_(tuple_(lists)).encode(), clock.LAYOUT_PART, clock.LAYOUT_MARK
+    while len(data) > clock.LAYOUT_CHUNK:  # a datagram holds so much (a backward graph's outputs are hundreds)
+        write(fd, part + data[:clock.LAYOUT_CHUNK])
+        data = data[clock.LAYOUT_CHUNK:]
+    write(fd, last_part + data)
+    read(fd, 16)  # the parent's go, once it has read what it checks and let this process run again
 
 
 def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:

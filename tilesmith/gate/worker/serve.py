@@ -31,6 +31,10 @@ from tilesmith.gate.worker.setup import op_load, op_pin, op_time_setup  # noqa: 
 from tilesmith.gate.worker.state import State  # noqa: E402
 from tilesmith.gate.worker.warm import warm_device, warm_inductor  # noqa: E402
 
+# A CUDA graph's worker serves from its main thread, as before, until `make gpu-smoke` has run it parked (main): no
+# GPU run has judged the parked worker yet (CUDA contexts, CUDA graphs and Inductor's cudagraph trees on a thread
+# other than the main one). Its CPU workers are parked.
+PARK_ON_CUDA = False
 WARM_WAIT_NS = 50_000_000  # after a warm-up, how long the worker waits for the sample's request awake (spinning)
 
 
@@ -77,6 +81,46 @@ def _prepare_loads() -> None:
 
 
 def main(fd: int, mark_fd: int = -1) -> None:
+    """Serve requests from a thread of the worker's own, and park the main thread in a system call for good, every
+    signal blocked on it. The interpreter runs a callback queued with Py_AddPendingCall (from ctypes, no import
+    needed) only on its main thread, between two bytecodes, wherever that thread is: a candidate's, queued in a
+    warm-up call, read the next request's values at op_time's entry and computed the whole sample before its
+    window (accepted at 11.9x), and another filled the checked outputs right after the closing mark (3.4-4.0x):
+    tests/redteam_late.py. With no bytecode ever run on the main thread again, such a callback never runs. Nothing
+    wakes it: it waits on no descriptor, no signal can interrupt its wait (blocked here; a stop and continue restarts
+    the call), SIGINT is ignored, and the serving thread ends the process itself (os._exit)."""
+    import signal
+    import threading
+
+    if not os.environ.get("TILESMITH_GATE_DEVICE", "cpu").startswith("cpu") and not PARK_ON_CUDA:
+        return _serve_then_exit(fd, mark_fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Python's handler runs on the main thread: none to run
+    server = threading.Thread(target=_serve_then_exit, args=(fd, mark_fd), name="tilesmith-gate-worker", daemon=True)
+    server.start()  # before the mask below: the serving thread keeps the default one
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    while True:  # no descriptor to wake it (a pipe's other end, left open, was written to and woke it: a red team's)
+        select.select([], [], [])  # only a signal could end this wait, and every one is blocked here
+
+
+def _serve_then_exit(fd: int, mark_fd: int) -> None:
+    code = 1
+    try:
+        _serve(fd, mark_fd)
+        code = 0
+    except BaseException:  # noqa: BLE001  shown in the worker's log, as an uncaught one would be
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _serve(fd: int, mark_fd: int = -1) -> None:
     st = State()
     _die_with_parent()
     _prepare_loads()
