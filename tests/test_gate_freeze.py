@@ -32,9 +32,29 @@ spin()
 def _tree():
     argv = [sys.executable, "-c", _CHILD]
     if subprocess.run(["unshare", "-Urpfn", "--mount-proc", "true"], capture_output=True).returncode == 0:
-        argv = ["unshare", "-Urpfn", "--mount-proc", "--", *argv]  # the worker is its PID namespace's first process
+        # The worker is its PID namespace's first process; it dies with unshare (--kill-child), and the rest with it.
+        argv = ["unshare", "-Urpfn", "--mount-proc", "--kill-child", "--", *argv]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     return p, int(p.stdout.readline())
+
+
+def _end(p) -> list[int]:
+    """Kill the whole tree (spinning processes left behind would load the machine for every later test); the pids
+    that still run a second later."""
+    import os
+    import signal
+
+    tree = procfs.process_tree(p.pid)
+    for q in tree:
+        try:
+            os.kill(q, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    p.wait()
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and [q for q in tree if procfs._states(q) not in ([], [b"Z"])]:
+        time.sleep(0.05)
+    return [q for q in tree if procfs._states(q) not in ([], [b"Z"])]
 
 
 def test_a_busy_process_tree_is_stopped_whole_from_outside_read_and_let_run_again():
@@ -55,8 +75,7 @@ def test_a_busy_process_tree_is_stopped_whole_from_outside_read_and_let_run_agai
         time.sleep(0.3)
         assert procfs.tree_cpu_ns(worker) > cpu[tree.index(worker)]  # running again
     finally:
-        p.kill()
-        p.wait()
+        assert _end(p) == []
 
 
 def _reads(pid: int, addr: int) -> bool:
