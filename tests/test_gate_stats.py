@@ -139,7 +139,7 @@ class _ScriptedTimingWorker:
         self.rng = random.Random(seed)
         self.ratio, self.noise = ratio, noise
 
-    def request(self, msg: dict, timeout_s: float) -> dict:
+    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
         if msg["op"] != "time":  # `keep`: the parent's word on the last candidate sample
             return {"ok": True}
         base = 200 if msg["role"] == "baseline" else 200 / self.ratio
@@ -305,7 +305,7 @@ class _Hog:
     def cpu_ns(self) -> int:
         return self.cpu
 
-    def request(self, msg: dict, timeout_s: float) -> dict:
+    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
         if msg["op"] != "time":
             return {"ok": True}
         t0 = time.perf_counter_ns()
@@ -320,7 +320,7 @@ class _SleepyTimer:
     def __init__(self, hog: _Hog):
         self.hog = hog
 
-    def request(self, msg: dict, timeout_s: float) -> dict:
+    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
         time.sleep(0.003)
         self.hog.cpu += 1_500_000  # what the hog spins while this sample runs
         self.sent_ns, self.marks = 0, [10, 210]
@@ -381,7 +381,7 @@ def test_a_gate_worker_sample_needs_both_window_marks_and_reports_its_spans():
         def __init__(self, marks):
             self.marks_given = marks
 
-        def request(self, msg, timeout_s):
+        def request(self, msg, timeout_s, read=None):
             self.marks = list(self.marks_given)
             time.sleep(0.001)  # the sample's own time, inside the request's wall time
             return {"ns": 900}
@@ -402,7 +402,7 @@ class _RegimeWorker:
     def __init__(self, busy: int):
         self.busy, self.seen = busy, 0
 
-    def request(self, msg: dict, timeout_s: float) -> dict:
+    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
         if msg["op"] != "time":
             return {"ok": True}
         if msg["role"] == "baseline":
