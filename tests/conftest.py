@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,10 +29,30 @@ def tilesmith_home(tmp_path, monkeypatch):
     return home
 
 
+def run_folder(tmp_path_factory) -> Path:
+    """A folder every test process of this run shares: pytest-xdist gives each worker a basetemp inside one
+    folder of the run (popen-gw0, popen-gw1); a run without xdist has its basetemp to itself."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextmanager
+def run_lock(tmp_path_factory, name: str):
+    """An exclusive lock on `name` among this run's test processes (flock: released if a holder dies)."""
+    with open(run_folder(tmp_path_factory) / f"{name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def inductor_cache(tmp_path_factory):
-    """One Inductor cache for the whole session, so each example compiles once."""
-    d = tmp_path_factory.mktemp("inductor-cache")
+    """One Inductor cache for the whole run, shared by its test processes, so each example compiles once
+    (Inductor locks its own cache entries: concurrent compiles of one kernel build it once)."""
+    d = run_folder(tmp_path_factory) / "inductor-cache"
+    d.mkdir(exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
     return d
 
@@ -44,19 +67,38 @@ def run_capture_subprocess(script: Path, ws: Path, *args: str, env: dict | None 
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-_CAPTURED: dict = {}  # (script, args) -> its workspace, captured once per test process: files share them
+_CAPTURED: dict = {}  # (script, args, env) -> (workspace, capture's stdout), in this test process
 
 
 def captured_workspace(tmp_path_factory, name: str, script: Path, *args: str) -> Path:
-    """Capture `script` with `args` once per test process (later asks, from any test file, get the same workspace:
-    read-only, copy it to change it); fail loudly with the script's stderr."""
-    key = (str(script), args)
+    """Capture `script` with `args` once per run (later asks, from any test file and either test process, get the
+    same workspace: read-only, copy it to change it); fail loudly with the script's stderr."""
+    return captured(tmp_path_factory, name, script, *args)[0]
+
+
+def captured(tmp_path_factory, name: str, script: Path, *args: str, env: dict | None = None) -> tuple[Path, str]:
+    """captured_workspace's workspace and the capture's stdout, the capture run with `env` added. The first test
+    process to ask captures under a lock; the other waits for it and reads the same folder (a failed capture
+    leaves no mark, so the next ask captures again and fails with its own stderr). `name` says what the caller
+    wants it for; the folder is named by the script and a digest of what was asked, since callers with different
+    names ask for the same capture."""
+    key = (str(script), args, tuple(sorted((env or {}).items())))
     if key not in _CAPTURED:
-        ws = tmp_path_factory.mktemp(name) / "ws"
-        p = run_capture_subprocess(script, ws, *args)
-        assert p.returncode == 0, p.stderr
-        _CAPTURED[key] = ws
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+        d = run_folder(tmp_path_factory) / "captures" / f"{Path(script).stem}-{digest}"
+        d.mkdir(parents=True, exist_ok=True)
+        with run_lock(tmp_path_factory, f"capture-{d.name}"):
+            if not (d / "stdout.txt").exists():
+                p = run_capture_subprocess(script, d / "ws", *args, env=env)
+                assert p.returncode == 0, p.stderr
+                (d / "stdout.txt").write_text(p.stdout)  # written last: the mark of a finished capture
+        _CAPTURED[key] = (d / "ws", (d / "stdout.txt").read_text())
     return _CAPTURED[key]
+
+
+def finished_captures(tmp_path_factory) -> list[Path]:
+    """The workspaces of every capture this run has finished so far, by either test process."""
+    return sorted(d / "ws" for d in (run_folder(tmp_path_factory) / "captures").glob("*/") if (d / "stdout.txt").exists())
 
 
 @pytest.fixture(scope="session")
@@ -89,10 +131,7 @@ def ineligible_capture(tmp_path_factory, inductor_cache):
     """tests/fixtures/ineligible.py captured once (two ineligible graphs, one plain), with one OpenMP thread
     (tests/test_report.py optimizes it on a small shared CPU box): the workspace and the capture's stdout.
     Read-only: copy the workspace to change it."""
-    ws = tmp_path_factory.mktemp("ws-ineligible") / "ws"
-    p = run_capture_subprocess(FIXTURES / "ineligible.py", ws, env={"OMP_NUM_THREADS": "1"})
-    assert p.returncode == 0, p.stderr
-    return ws, p.stdout
+    return captured(tmp_path_factory, "ws-ineligible", FIXTURES / "ineligible.py", env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import pytest
 from tests import corpus, redteam
 from tests import gate_helpers as h
 from tests import redteam_static as RS
-from tests.conftest import FIXTURES, captured_workspace
+from tests.conftest import FIXTURES, captured_workspace, finished_captures
 from tilesmith.gate import allowlist, allowlist_native as N, static
 from tilesmith.gate.allowlist_kernel import check_source
 from tilesmith.search import kernels as K
@@ -92,15 +92,42 @@ def test_every_wrapper_the_cpu_suite_captures_passes_the_allowlist_with_its_repl
 
 
 def test_every_library_inductor_built_for_the_captures_passes_the_native_allowlist(inductor_cache, inference_ws,
-                                                                                      training_ws):
-    libs = sorted(Path(inductor_cache).rglob("*.so"))
+                                                                                      training_ws, tmp_path_factory):
+    # The cache is the run's, shared with the other test process, whose gate tests compile candidates into it (the
+    # red team's too): the libraries checked are those built for this run's finished captures, each found by its
+    # source beside it (NAME.cpp: a kernel's code as the wrapper has it, then Inductor's binding; or one of the
+    # programs Inductor builds to probe the CPU's vector instructions).
+    captures = finished_captures(tmp_path_factory)
+    assert inference_ws in captures and training_ws in captures
+    sources = {lib: lib.with_suffix(".cpp") for lib in Path(inductor_cache).rglob("*.so")}
+    sources = {lib: src.read_text() for lib, src in sources.items() if src.exists()}
+    kernels, probes = _cpp_kernels(*captures), _inductor_isa_probes()
+    libs = sorted(lib for lib, src in sources.items() if src.strip() in probes or any(k in src for k in kernels))
+    for k in _cpp_kernels(inference_ws, training_ws):  # each C++ kernel of the two examples has its library here
+        assert any(k in sources[lib] for lib in libs), k[:300]
     assert len(libs) >= 5  # the inference example's three kernels, the training graphs' more
+    assert any(sources[lib].strip() in probes for lib in libs)  # at least the probe Inductor runs before any kernel
     for lib in libs:
         data = lib.read_bytes()
         assert N.check_library(data) == [], lib
         parsed = N.read_library(data)
         if "getenv" in parsed.imports:  # Inductor's binding: one call each, in PyInit_kernel
             assert (N.call_sites(parsed, "getenv"), N.call_sites(parsed, "strtoull")) == (1, 1), lib
+
+
+def _cpp_kernels(*workspaces: Path) -> set[str]:
+    """The code of every C++ kernel in the captured wrappers of `workspaces`."""
+    return {k.code.strip() for ws in workspaces for w in (ws / "graphs").glob("*/wrapper.py")
+            for k in K.find_kernels(w.read_text()) if k.kind == "cpp"}
+
+
+def _inductor_isa_probes() -> set[str]:
+    """The C++ programs Inductor compiles into its cache to find the CPU's vector instructions (the `*_code` of
+    torch/_inductor/cpu_vec_isa.py's ISA classes)."""
+    from torch._inductor import cpu_vec_isa
+
+    return {v.strip() for c in vars(cpu_vec_isa).values() if isinstance(c, type)
+            for name, v in vars(c).items() if name.endswith("_code") and isinstance(v, str)}
 
 
 def test_known_good_rewrites_pass_the_allowlist(inference_ws, slow_matmul_graph):
