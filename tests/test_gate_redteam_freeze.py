@@ -1,17 +1,20 @@
 """The gate against cheats aimed at the stopped-worker read and the parked main thread (tests/redteam_freeze.py),
 judged as tests/test_gate_redteam.py judges the red team: the static stage switched off, only the dynamic defences
-acting.
+acting (2-core VM, one OpenMP thread, seed 0, 4 s budget).
 
-Both are accepted by branch `freeze` (1a4d71f) with the screen off (2-core VM under a load average of 10-13, one
-OpenMP thread, seed 0, 4 s budget), so their tests are xfail(strict) until a defence rejects them:
+Each was accepted before the defence that now rejects it:
 - rigs_the_reservoirs_draws: os.urandom's PyMethodDef rewritten (ctypes) to answer zeros in a timed window, so the
-  kept call is always the last and only it runs (accepted 2 of 2 at 4 calls a sample: 1.61x low 1.16x, 1.92x low
-  1.42x; the sample is bounded by calls_per_sample: at 1 call it cannot gain);
+  worker's reservoir always kept the last call, and only it ran (accepted 2 of 2 at 4 calls a sample: 1.61x low
+  1.16x, 1.92x low 1.42x). Now the parent chooses the checked call itself, after the stop (gate/freeze.py): the
+  uncomputed calls are read;
 - precomputes_the_kept_call_while_the_refill_runs: the same, and that last call computed by a native thread that
   takes the GIL inside the refill's torch ops, once its buffer set holds the sample's values (accepted 2 of 2 at 3
-  calls a sample: 3.76x low 1.64x, 4.23x low 1.78x; before_window_us 3.9-6.3 ms against the original's 2.4-2.6 ms).
-What would close them: the kept call drawn by the parent (told to the worker only after the stop, or every call's
-output layout sent so the parent picks which to read), and the span before the window either compared or charged.
+  calls a sample: 3.76x low 1.64x, 4.23x low 1.78x). Rejected by the parent's choice too;
+- precomputes_every_call_while_the_refill_runs: that thread computing every call of the sample in the refill, so
+  whichever call the parent reads is right (accepted 2 of 2 with the parent's choice and the worker's own refill:
+  1.76x low 1.25x, 1.86x low 1.35x, 38 and 40 checked calls right; its refill took 4.1-4.6 ms against the
+  original's 2.9 ms). Now the parent writes each sample's values into the stopped worker and times the sample from
+  the moment it lets it run (gate/refill.py): the same work is inside the sample (0.87x, not-faster).
 """
 
 from __future__ import annotations
@@ -29,14 +32,11 @@ from tilesmith.gate import static
 RIGGED = "wrong-values-in-timing"
 
 FREEZE_CHEATS = [
-    pytest.param(redteam_freeze.rigs_the_reservoirs_draws, RIGGED, id="rigs_the_reservoirs_draws",
-                 marks=pytest.mark.xfail(strict=True, reason="accepted (1.61x, 1.92x): the reservoir's draw is the "
-                                                             "worker's os.urandom, whose C entry point ctypes rewrites")),
+    pytest.param(redteam_freeze.rigs_the_reservoirs_draws, RIGGED, id="rigs_the_reservoirs_draws"),
     pytest.param(redteam_freeze.precomputes_the_kept_call_while_the_refill_runs, RIGGED,
-                 id="precomputes_the_kept_call_while_the_refill_runs",
-                 marks=pytest.mark.xfail(strict=True, reason="accepted (3.76x, 4.23x): draws rigged, and the span "
-                                                             "before the window, where a native thread takes the GIL "
-                                                             "during the refill, is neither compared nor charged")),
+                 id="precomputes_the_kept_call_while_the_refill_runs"),
+    pytest.param(redteam_freeze.precomputes_every_call_while_the_refill_runs, "not-faster",
+                 id="precomputes_every_call_while_the_refill_runs"),
 ]
 
 
@@ -56,7 +56,10 @@ def test_the_static_stage_refuses_the_freeze_cheats_too(inf_graph):
     assert {f.code for f in _SCREEN(redteam_freeze.rigs_the_reservoirs_draws(text))} >= {"static-module-state"}
     native = redteam_freeze.precomputes_the_kept_call_while_the_refill_runs(text)
     assert {f.code for f in _SCREEN(native)} >= {"static-processes", "static-module-state"}
-    for maker in (redteam_freeze.rigs_the_reservoirs_draws, redteam_freeze.precomputes_the_kept_call_while_the_refill_runs):
+    native = redteam_freeze.precomputes_every_call_while_the_refill_runs(text)
+    assert {f.code for f in _SCREEN(native)} >= {"static-processes", "static-module-state"}
+    for maker in (redteam_freeze.rigs_the_reservoirs_draws, redteam_freeze.precomputes_the_kept_call_while_the_refill_runs,
+                  redteam_freeze.precomputes_every_call_while_the_refill_runs):
         assert static.allowlist(maker(text))
 
 

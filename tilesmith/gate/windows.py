@@ -36,11 +36,14 @@ class Sample:
     post_ns: int = 0  # from the closing mark to the parent's stop, counted in ns (gate/freeze.py; 0 without a stop)
 
 
-def measured(worker, reply: dict, wall_ns: int, least_ns: int) -> tuple[Sample | None, Reason | None]:
+def measured(worker, reply: dict, wall_ns: int, least_ns: int, filled: bool = False) -> tuple[Sample | None,
+                                                                                              Reason | None]:
     """The sample of `reply`, timed by the parent: `worker.marks` (the kernel's send times of the window's two marks,
     None where the platform cannot timestamp them) and `worker.sent_ns` (when the request was written, on the
     clock the kernel stamps them with); `wall_ns` the parent's span from request to reply, the time where there
-    are no marks. `least_ns`: the program's host time the sample had to spend (gate.timed.program_gap_ns)."""
+    are no marks. `least_ns`: the program's host time the sample had to spend (gate.timed.program_gap_ns).
+    filled: the parent wrote the sample's values into the stopped worker and let it run at `worker.sent_ns`
+    (gate/refill.py): the sample starts there, not at the window's opening mark."""
     ns = reply.get("ns")
     if not isinstance(ns, int) or isinstance(ns, bool) or ns <= 0:
         return None, Reason("timing-forged", "the timing worker returned a malformed sample")
@@ -62,6 +65,11 @@ def measured(worker, reply: dict, wall_ns: int, least_ns: int) -> tuple[Sample |
                 return None, Reason("timing-forged", "the timing worker replied without waiting to be stopped at its "
                                                      "window's end: what it did after the window cannot be timed")
             s.post_ns, s.ns = stop - marks[1], stop - marks[0]
+            if filled:  # everything after the values were written is the sample's, the span before the window too
+                if sent is None or sent > marks[0]:
+                    return None, Reason("timing-forged", "the timing worker's window opened before the parent let it "
+                                                         "run with the sample's values")
+                s.ns = stop - sent
     if s.ns < least_ns:
         return None, Reason("timing-forged", f"a sample of {s.ns / 1e6:.3f} ms is shorter than the {least_ns / 1e6:.3f} "
                                              "ms of the program's host time its calls had to spend: the wait was skipped")
