@@ -13,8 +13,10 @@ Each was accepted before the defence that now rejects it:
 - precomputes_every_call_while_the_refill_runs: that thread computing every call of the sample in the refill, so
   whichever call the parent reads is right (accepted 2 of 2 with the parent's choice and the worker's own refill:
   1.76x low 1.25x, 1.86x low 1.35x, 38 and 40 checked calls right; its refill took 4.1-4.6 ms against the
-  original's 2.9 ms). Now the parent writes each sample's values into the stopped worker and times the sample from
-  the moment it lets it run (gate/refill.py): the same work is inside the sample (0.87x, not-faster).
+  original's 2.9 ms). **Still accepted by default.** With TILESMITH_GATE_REFILL=1 the parent writes each sample's
+  values into the stopped worker and times the sample from the moment it lets it run (gate/refill.py): the same work
+  is inside the sample (0.87x, not-faster). Off by default: on a loaded machine that start also times the worker's
+  wait for a CPU, and honest wins were rejected (docs/gate.md).
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ FREEZE_CHEATS = [
     pytest.param(redteam_freeze.rigs_the_reservoirs_draws, RIGGED, id="rigs_the_reservoirs_draws"),
     pytest.param(redteam_freeze.precomputes_the_kept_call_while_the_refill_runs, RIGGED,
                  id="precomputes_the_kept_call_while_the_refill_runs"),
+    # Accepted by default (1.76x, 1.86x, quiet machine; not tested by default: on a loaded one it may not show itself
+    # faster, so neither verdict can be asserted): the worker's own refill is untimed.
     pytest.param(redteam_freeze.precomputes_every_call_while_the_refill_runs, "not-faster",
-                 id="precomputes_every_call_while_the_refill_runs"),
+                 id="precomputes_every_call_while_the_refill_runs-parent-refill"),
 ]
 
 
@@ -65,9 +69,15 @@ def test_the_static_stage_refuses_the_freeze_cheats_too(inf_graph):
 
 @pytest.mark.parametrize("maker,code", FREEZE_CHEATS)
 def test_gate_rejects_a_cheat_that_chooses_which_call_is_checked(inf_graph, tmp_path, screen_off, monkeypatch, maker,
-                                                                 code):
+                                                                 code, request):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    if request.node.callspec.id.endswith("-parent-refill"):
+        monkeypatch.setenv("TILESMITH_GATE_REFILL", "1")  # the parent writes the samples' values (gate/refill.py)
     v = _judge(inf_graph, maker((inf_graph / "wrapper.py").read_text()), tmp_path)
     t = v.first.timing if v.first else None
     assert not v.accepted, f"accepted at {t.speedup:.2f}x (low {t.speedup_low:.2f}x)" if t else v
-    assert v.codes == [code] and v.stage == "timing", v.reasons
+    assert v.stage == "timing", v.reasons
+    # On a loaded machine a cheat may not even show itself faster: the checks of its values then never run.
+    assert v.codes == [code] or v.codes == ["not-faster"], v.reasons
+    if request.node.callspec.id.endswith("-parent-refill"):
+        assert t is not None and t.inputs_from_parent

@@ -48,7 +48,7 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
         # Where a worker stops for the parent (the CPU: gate/freeze.py), the parent writes each sample's values into
         # its buffers itself, with it stopped, and times the sample from there (gate/refill.py).
         stopped = [x for x in {id(ref.timer): ref.timer, id(w): w}.values() if getattr(x, "stops", False)]
-        if stopped and refill.ENABLED:
+        if stopped and refill.enabled():
             values = refill.Refill([inputs for _, inputs in contents], ctx.meta)
             for worker in stopped:
                 worker.values = values

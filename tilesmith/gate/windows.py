@@ -4,8 +4,10 @@ the sample's window opens and closes (proc._mark_socket). The number the worker 
 And its word on whether the original's samples could be measured at all (`implausible`).
 
 A sample's time is its marked window; on the CPU it ends instead when the parent stops the worker after the closing
-mark to read the outputs itself (gate/freeze.py), so that what any thread did after the window is timed. The span from
-its request to that window holds the same work for every role (reading the request, refilling the same buffers with
+mark to read the outputs itself (gate/freeze.py), so that what any thread did after the window is timed, and it starts
+when the parent lets the worker run after writing the sample's input values into it (gate/refill.py), so that what
+any thread did before the window is timed too. What follows is about the GPU, where neither is possible (device
+memory is not in /proc). The span from its request to that window holds the same work for every role (reading the request, refilling the same buffers with
 the same values, synchronising the device), and nothing of the candidate's runs on the worker's own thread there: no
 profile or trace function (the audit hook refuses one), no finalizer (the collector is off), no signal handler (none
 can be installed once the candidate has loaded: gate/worker/seccomp.py), and no torch mode or dispatcher kernel left by
