@@ -305,3 +305,66 @@ def _with_held_call(text: str) -> str:
     body = text[start:end].replace("    def call(self, args):\n", "    def held_call(self, args):\n", 1)
     body = body.replace("extern_kernels.addmm(", "_held_addmm(")
     return text[:end] + "\n" + body + text[end:]
+
+
+# -- every call computed before the window, none inside it ------------------------------------------------------------
+
+# The poller of `precomputes_the_kept_call_while_the_refill_runs`, computing every timed call's outputs: each call's
+# buffer set as soon as the refill has moved past it (sets before _set_content's `b` hold their values), one set per
+# time it holds the GIL, until every call of the sample is in the memo.
+_POLL_EVERY_PY = _POLL_PY.replace('''            bufs = st.bufs["candidate"]
+            s = (int(req.get("start", 0)) + int(req["reps"]) - 1) % len(bufs)  # the last call's set: the kept one
+            if "_set_content" in names:
+                if _ag("f_locals")(names["_set_content"]).get("b", -1) <= s:
+                    return 0  # its values are not all in yet
+            elif "window" not in loc:
+                return 0  # the refill has not started
+            key = _key(bufs[s])
+            with torch.no_grad():
+                memo[key] = plan["runner"].held_call(list(bufs[s]))
+            return done()''', '''            bufs = st.bufs["candidate"]
+            k0, reps = int(req.get("start", 0)), int(req["reps"])
+            if "_set_content" in names:
+                filled = _ag("f_locals")(names["_set_content"]).get("b", -1)  # the sets before it are refilled
+            elif "window" in loc:
+                filled = len(bufs)
+            else:
+                return 0  # the refill has not started
+            for s in [(k0 + i) % len(bufs) for i in range(reps)]:
+                key = _key(bufs[s])
+                if s < filled and key not in memo:
+                    with torch.no_grad():
+                        memo[key] = plan["runner"].held_call(list(bufs[s]))
+                    return done() if len(memo) >= reps else 0
+            return 0''')
+assert _POLL_EVERY_PY != _POLL_PY
+
+_EVERY_FROM_THE_MEMO_WHEN_TIMED = '''    def call(self, args):
+        if _arm is not None and _in("op_warm"):
+            _arm(self)
+        if _in("_timed_window"):
+            _done()
+            got = _memo.pop(_key(args), None)
+            if got is not None:
+                args.clear()
+                return got
+        return self.real_call(args)
+
+    def real_call(self, args):
+'''
+
+_STRING = '''
+_string = _ag("modules")(_sys)["string"]
+'''
+
+
+def precomputes_every_call_while_the_refill_runs(text: str) -> str:
+    """The native poller of `precomputes_the_kept_call_while_the_refill_runs`, made for a parent that chooses the
+    checked call itself after the stop: no draw is rigged, and every timed call's outputs are computed before the
+    window opens, each on its buffer set once the refill has written that set's values (read from the serving
+    thread's frames), holding the GIL the serving thread gives up inside the refill's torch ops. In the window each
+    call answers from the memo by its inputs' addresses (or runs, where the refill gave no chance): whichever call
+    the parent reads holds right values, computed off the clock."""
+    text = _with_held_call(text)
+    text = text.replace("    def call(self, args):\n", _EVERY_FROM_THE_MEMO_WHEN_TIMED, 1)
+    return _insert_before_runner(text, _FRAMES + _STRING + _HELD_ADDMM + _POLL_EVERY_PY.format(source=_POLL_C))

@@ -4,6 +4,8 @@ before anything is read."""
 
 from __future__ import annotations
 
+import array
+import os
 import subprocess
 import sys
 import time
@@ -41,7 +43,6 @@ def _tree():
 def _end(p) -> list[int]:
     """Kill the whole tree (spinning processes left behind would load the machine for every later test); the pids
     that still run a second later."""
-    import os
     import signal
 
     tree = procfs.process_tree(p.pid)
@@ -85,35 +86,72 @@ def _reads(pid: int, addr: int) -> bool:
         return False
 
 
+def _layout(head: object, rows: list[list[int]]) -> bytes:
+    return repr(head).encode() + b"\n" + array.array("Q", [a for r in rows for a in r]).tobytes()
+
+
 @pytest.mark.parametrize("layout", [
-    b"__import__('os')", b"([], )", b"[[], []]", b"([('t', 1, (2,), (1,), 'float32')], [])",
-    b"([('t', True, (2,), (1,), 'float32', 4)], [])", b"([('t', 64, (2,), (-1,), 'float32', 4)], [])",
-    b"([('x', 'y')], [])", b"([('t', 64, (2, 3), (1,), 'float32', 4)], [])", b"\xff\xfe",
+    b"__import__('os')\n", b"((), 1)", _layout(((), 0), []), _layout([[], 1], []), _layout(((), 1, 2), []),
+    _layout(((("t", 1, (2,), (1,), "float32"),), 1), [[1]]),
+    _layout(((("t", True, (2,), (1,), "float32", 4),), 1), [[1]]),
+    _layout(((("t", 64, (2,), (-1,), "float32", 4),), 1), [[64]]),
+    _layout(((("x", "y"),), 1), [[0]]), _layout(((("t", 64, (2, 3), (1,), "float32", 4),), 1), [[64]]),
+    _layout(((("t", 64, (2,), (1,), "float32", 4),), 2), [[64]]),  # fewer addresses than calls x outputs
+    _layout(((("t", 64, (2,), (1,), "float32", 4),), 1), [[64, 64]]),  # more
+    _layout(((), True), []), b"\xff\xfe\n",
 ])
-def test_a_layout_that_is_not_two_lists_of_well_formed_entries_is_the_candidates_failure(layout):
+def test_a_layout_that_is_not_a_calls_outputs_and_their_addresses_is_the_candidates_failure(layout):
     with pytest.raises(freeze.Unreadable):
         freeze.parse(layout)
 
 
 def test_a_layout_naming_more_memory_than_the_gate_reads_is_refused():
     with pytest.raises(freeze.Unreadable, match="more than the gate reads"):
-        freeze.parse(repr(([("t", 4096, (1 << 40,), (1,), "float32", 4)], [])).encode())
+        freeze.parse(_layout(((("t", 4096, (1 << 40,), (1,), "float32", 4),), 1), [[4096]]))
+
+
+def _sent_layout(held: list, go: int = 0) -> tuple[bytes, int]:
+    """What the worker's _stop_for_the_parent sends for `held` (every call's outputs), and the call it returns when
+    the parent's go names `go`."""
+    from tilesmith.gate import clock
+    from tilesmith.gate.worker import sample
+
+    sent = []
+    chosen = sample._stop_for_the_parent(lambda fd, b: sent.append(b), lambda fd, n: b"G" + go.to_bytes(4, "little"),
+                                         -1, sample._LAYOUT, held, torch.Tensor, type, (list, tuple))
+    assert all(b[:1] == clock.LAYOUT_PART for b in sent[:-1]) and sent[-1][:1] == clock.LAYOUT_MARK
+    return b"".join(b[1:] for b in sent), chosen
 
 
 def test_outputs_rebuilt_from_another_process_digest_as_the_worker_digests_them():
-    """The parent's digest of outputs it read equals the worker's digest of the same tensors (which the checks'
-    copies are compared with), strided ones and non-tensors included; an address nothing is mapped at fails."""
+    """The parent's digest of the outputs it read of the call it chose and the last call equals the worker's digest of
+    the same tensors (which the checks' copies are compared with), strided ones and non-tensors included; each call
+    is read at its own addresses; an address nothing is mapped at fails."""
     from tilesmith.gate.worker.tensors import outputs_digest
 
-    import os
+    def call(i: int) -> list:
+        return [torch.arange(12, dtype=torch.float32).reshape(3, 4).t() + i, None,
+                torch.tensor([1, 2 + i], dtype=torch.int64), torch.randn(5, dtype=torch.bfloat16), torch.empty(0, 3)]
 
-    kept = [torch.arange(12, dtype=torch.float32).reshape(3, 4).t(), None, torch.tensor([1, 2], dtype=torch.int64)]
-    last = [torch.randn(5, dtype=torch.bfloat16), torch.empty(0, 3)]
-    entries = [[(("t", o.data_ptr() if o.numel() else 0, tuple(o.size()), tuple(o.stride()), str(o.dtype),
-                  o.element_size()) if isinstance(o, torch.Tensor) else ("o", repr(o))) for o in outs]
-               for outs in (kept, last)]
-    layout = repr(tuple(entries)).encode()
-    assert freeze.digest(os.getpid(), layout) == outputs_digest([kept, last])
-    bad = repr(([("t", 4096, (2,), (1,), "torch.float32", 4)], [])).encode()
+    held = [call(i) for i in range(3)] + [tuple(call(3))]
+    data, chosen = _sent_layout(held, go=2)
+    assert chosen == 2
+    lay = freeze.parse(data)
+    assert lay.calls == 4 and len(lay.last) == 5
+    for i in range(4):
+        assert freeze.digest(os.getpid(), lay, i) == outputs_digest([held[i], list(held[3])])
+    assert freeze.digest(os.getpid(), lay, 0) != freeze.digest(os.getpid(), lay, 1)
+    bad = _layout(((("t", 4096, (2,), (1,), "torch.float32", 4),), 1), [[4096]])
     with pytest.raises(freeze.Unreadable, match="could not be read"):
-        freeze.digest(os.getpid(), bad)
+        freeze.digest(os.getpid(), freeze.parse(bad), 0)
+
+
+def test_a_layout_of_many_calls_goes_in_several_datagrams_and_reads_back():
+    """A backward graph's hundreds of outputs over many calls: the layout spans datagrams and parses whole."""
+    held = [[torch.full((2,), float(i * 300 + j)) for j in range(300)] for i in range(40)]
+    data, _ = _sent_layout(held)
+    lay = freeze.parse(data)
+    assert lay.calls == 40 and len(data) > 16384
+    from tilesmith.gate.worker.tensors import outputs_digest
+
+    assert freeze.digest(os.getpid(), lay, 17) == outputs_digest([held[17], held[39]])

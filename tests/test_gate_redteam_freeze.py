@@ -1,17 +1,22 @@
 """The gate against cheats aimed at the stopped-worker read and the parked main thread (tests/redteam_freeze.py),
 judged as tests/test_gate_redteam.py judges the red team: the static stage switched off, only the dynamic defences
-acting.
+acting (2-core VM, one OpenMP thread, seed 0, 4 s budget).
 
-Both are accepted by branch `freeze` (1a4d71f) with the screen off (2-core VM under a load average of 10-13, one
-OpenMP thread, seed 0, 4 s budget), so their tests are xfail(strict) until a defence rejects them:
+Each was accepted before the defence that now rejects it:
 - rigs_the_reservoirs_draws: os.urandom's PyMethodDef rewritten (ctypes) to answer zeros in a timed window, so the
-  kept call is always the last and only it runs (accepted 2 of 2 at 4 calls a sample: 1.61x low 1.16x, 1.92x low
-  1.42x; the sample is bounded by calls_per_sample: at 1 call it cannot gain);
+  worker's reservoir always kept the last call, and only it ran (accepted 2 of 2 at 4 calls a sample: 1.61x low
+  1.16x, 1.92x low 1.42x). Now the parent chooses the checked call itself, after the stop (gate/freeze.py): the
+  uncomputed calls are read;
 - precomputes_the_kept_call_while_the_refill_runs: the same, and that last call computed by a native thread that
   takes the GIL inside the refill's torch ops, once its buffer set holds the sample's values (accepted 2 of 2 at 3
-  calls a sample: 3.76x low 1.64x, 4.23x low 1.78x; before_window_us 3.9-6.3 ms against the original's 2.4-2.6 ms).
-What would close them: the kept call drawn by the parent (told to the worker only after the stop, or every call's
-output layout sent so the parent picks which to read), and the span before the window either compared or charged.
+  calls a sample: 3.76x low 1.64x, 4.23x low 1.78x). Rejected by the parent's choice too;
+- precomputes_every_call_while_the_refill_runs: that thread computing every call of the sample in the refill, so
+  whichever call the parent reads is right (accepted 2 of 2 with the parent's choice and the worker's own refill:
+  1.76x low 1.25x, 1.86x low 1.35x, 38 and 40 checked calls right; its refill took 4.1-4.6 ms against the
+  original's 2.9 ms). **Still accepted by default.** With TILESMITH_GATE_REFILL=1 the parent writes each sample's
+  values into the stopped worker and times the sample from the moment it lets it run (gate/refill.py): the same work
+  is inside the sample (0.87x, not-faster). Off by default: on a loaded machine that start also times the worker's
+  wait for a CPU, and honest wins were rejected (docs/gate.md).
 """
 
 from __future__ import annotations
@@ -29,14 +34,13 @@ from tilesmith.gate import static
 RIGGED = "wrong-values-in-timing"
 
 FREEZE_CHEATS = [
-    pytest.param(redteam_freeze.rigs_the_reservoirs_draws, RIGGED, id="rigs_the_reservoirs_draws",
-                 marks=pytest.mark.xfail(strict=True, reason="accepted (1.61x, 1.92x): the reservoir's draw is the "
-                                                             "worker's os.urandom, whose C entry point ctypes rewrites")),
+    pytest.param(redteam_freeze.rigs_the_reservoirs_draws, RIGGED, id="rigs_the_reservoirs_draws"),
     pytest.param(redteam_freeze.precomputes_the_kept_call_while_the_refill_runs, RIGGED,
-                 id="precomputes_the_kept_call_while_the_refill_runs",
-                 marks=pytest.mark.xfail(strict=True, reason="accepted (3.76x, 4.23x): draws rigged, and the span "
-                                                             "before the window, where a native thread takes the GIL "
-                                                             "during the refill, is neither compared nor charged")),
+                 id="precomputes_the_kept_call_while_the_refill_runs"),
+    # Accepted by default (1.76x, 1.86x, quiet machine; not tested by default: on a loaded one it may not show itself
+    # faster, so neither verdict can be asserted): the worker's own refill is untimed.
+    pytest.param(redteam_freeze.precomputes_every_call_while_the_refill_runs, "not-faster",
+                 id="precomputes_every_call_while_the_refill_runs-parent-refill"),
 ]
 
 
@@ -56,15 +60,24 @@ def test_the_static_stage_refuses_the_freeze_cheats_too(inf_graph):
     assert {f.code for f in _SCREEN(redteam_freeze.rigs_the_reservoirs_draws(text))} >= {"static-module-state"}
     native = redteam_freeze.precomputes_the_kept_call_while_the_refill_runs(text)
     assert {f.code for f in _SCREEN(native)} >= {"static-processes", "static-module-state"}
-    for maker in (redteam_freeze.rigs_the_reservoirs_draws, redteam_freeze.precomputes_the_kept_call_while_the_refill_runs):
+    native = redteam_freeze.precomputes_every_call_while_the_refill_runs(text)
+    assert {f.code for f in _SCREEN(native)} >= {"static-processes", "static-module-state"}
+    for maker in (redteam_freeze.rigs_the_reservoirs_draws, redteam_freeze.precomputes_the_kept_call_while_the_refill_runs,
+                  redteam_freeze.precomputes_every_call_while_the_refill_runs):
         assert static.allowlist(maker(text))
 
 
 @pytest.mark.parametrize("maker,code", FREEZE_CHEATS)
 def test_gate_rejects_a_cheat_that_chooses_which_call_is_checked(inf_graph, tmp_path, screen_off, monkeypatch, maker,
-                                                                 code):
+                                                                 code, request):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    if request.node.callspec.id.endswith("-parent-refill"):
+        monkeypatch.setenv("TILESMITH_GATE_REFILL", "1")  # the parent writes the samples' values (gate/refill.py)
     v = _judge(inf_graph, maker((inf_graph / "wrapper.py").read_text()), tmp_path)
     t = v.first.timing if v.first else None
     assert not v.accepted, f"accepted at {t.speedup:.2f}x (low {t.speedup_low:.2f}x)" if t else v
-    assert v.codes == [code] and v.stage == "timing", v.reasons
+    assert v.stage == "timing", v.reasons
+    # On a loaded machine a cheat may not even show itself faster: the checks of its values then never run.
+    assert v.codes == [code] or v.codes == ["not-faster"], v.reasons
+    if request.node.callspec.id.endswith("-parent-refill"):
+        assert t is not None and t.inputs_from_parent

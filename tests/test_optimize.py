@@ -463,16 +463,26 @@ def test_optimize_cli_after_ctrl_c_exits_130_and_names_the_command_that_resumes_
     import subprocess
     import sys
 
+    def as_a_shell_starts_it():
+        # A shell starts a foreground command with SIGINT at its default and unblocked; a child inherits an ignored
+        # or blocked one from the test process, whatever an earlier test in it left (twice in a full `make test`,
+        # never alone, the command ran to its end through the Ctrl-C and exited 0).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
     p = subprocess.Popen([sys.executable, "-m", "tilesmith_cli.app", "optimize", "-w", str(oversub_ws)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_a_shell_starts_it)
     seen = []  # until "run RID: 1 graph(s)": the run exists, its graph is being profiled (a warning may come first)
     while not (seen and seen[-1].startswith("run ")):
         seen.append(p.stderr.readline())
         assert seen[-1] and len(seen) < 50, "".join(seen)
     first = seen[-1]
     rid = first.split()[1].rstrip(":")
+    with open(f"/proc/{p.pid}/status") as f:  # what the command does with SIGINT, for the message below
+        state = "".join(line for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    mine = "".join(line for line in open("/proc/self/status") if line.startswith(("SigBlk", "SigIgn")))
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=300)
-    assert p.returncode == 130, first + err
+    assert p.returncode == 130, f"{first}{err}\nthe command's signal state:\n{state}the test process's:\n{mine}"
     assert f"interrupted: what was confirmed is saved; `tilesmith optimize --resume {rid}` carries on" in err, err
     assert runs.load_run(rid).status == "interrupted"

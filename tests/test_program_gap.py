@@ -211,7 +211,7 @@ def test_a_sample_shorter_than_the_gap_it_had_to_spend_is_forged():
     class Worker:  # answers every time request at once: a window of well under a millisecond
         marks = None
 
-        def request(self, msg, timeout_s):
+        def request(self, msg, timeout_s, read=None):
             return {"ns": 1}
 
     s, bad, _ = _sample(Worker(), {"op": "time", "role": "candidate", "reps": 4, "gap_ns": 1_000_000}, 5.0)

@@ -28,7 +28,7 @@ VARIABLES = {
     "web_search": "TILESMITH_WEB_SEARCH", "sandbox": "TILESMITH_SANDBOX", "fork_workers": "TILESMITH_FORK_WORKERS",
     "gate_spares": "TILESMITH_GATE_SPARES", "relower": "TILESMITH_RELOWER", "relower_only": "TILESMITH_RELOWER_ONLY",
     "native_dir": "TILESMITH_NATIVE_DIR", "debug": "TILESMITH_DEBUG", "rewrites": "TILESMITH_REWRITES",
-    "in_place": "TILESMITH_IN_PLACE",
+    "in_place": "TILESMITH_IN_PLACE", "gate_refill": "TILESMITH_GATE_REFILL",
 }
 # Whether graphs that update their inputs in place (running statistics, optimizer steps, KV caches) are optimized
 # when TILESMITH_IN_PLACE is unset. On since `make gpu-smoke` passed with them on an H100 (the training flow's 4 graphs
@@ -60,6 +60,7 @@ class Settings:
     debug: bool  # the CLI prints the traceback of an unexpected error (any non-empty value)
     rewrites: str  # the tuner's graph rewrites: "" (off, the default), 1/all, or names (search/rewrites reads it)
     in_place: bool  # capture makes graphs that update their inputs in place eligible (default IN_PLACE_DEFAULT)
+    gate_refill: bool  # the gate writes a CPU sample's inputs into the stopped worker and times from there (off)
 
     @property
     def sandbox_mode(self) -> str:
@@ -92,7 +93,8 @@ def current(environ=None) -> Settings:
         gate_spares=raw["gate_spares"], relower=raw["relower"] if raw["relower"] is not None else "auto",
         relower_only=raw["relower_only"] or "", native_dir=raw["native_dir"], debug=bool(raw["debug"]),
         rewrites=(raw["rewrites"] or "").strip(),
-        in_place=_switch(raw["in_place"]) if (raw["in_place"] or "").strip() else IN_PLACE_DEFAULT)
+        in_place=_switch(raw["in_place"]) if (raw["in_place"] or "").strip() else IN_PLACE_DEFAULT,
+        gate_refill=_switch(raw["gate_refill"]))
 
 
 def _switch(value: str | None) -> bool:

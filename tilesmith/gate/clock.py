@@ -76,6 +76,8 @@ WINDOW_MARK = b"|"
 # the layout of the outputs, in datagrams of at most LAYOUT_CHUNK bytes after their first byte: LAYOUT_PART, and
 # LAYOUT_MARK on the last.
 LAYOUT_MARK, LAYOUT_PART, LAYOUT_CHUNK = b"L", b"l", 16384
+# A worker's first datagram on that socket, sent as it starts, before it loads anything: its pid, from the kernel.
+HELLO_MARK = b"H"
 MAX_GAP_NS = 50_000_000  # the program's host time between calls the gate spends per call, at most 50 ms
 
 

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from tilesmith.launch import sandbox
 from tilesmith import settings
-from tilesmith.gate.clock import LAYOUT_CHUNK, LAYOUT_MARK, LAYOUT_PART, WINDOW_MARK
+from tilesmith.gate.clock import HELLO_MARK, LAYOUT_CHUNK, LAYOUT_MARK, LAYOUT_PART, WINDOW_MARK
 from tilesmith.gate.freeze import supported as freeze_supported
 from tilesmith.gate.worker import audit
 from tilesmith.gate.procfs import process_tree, tree_cpu_ns
@@ -110,6 +111,9 @@ class Worker:
         self._log = open(self.log_path, "wb")
         # Window marks (clock.WINDOW_MARK) come on a datagram socket the kernel timestamps as each is sent.
         self._marks_sock, theirs = _mark_socket()
+        # Where samples stop for the parent's read (gate/freeze.py), each datagram comes with its sender's pid: asked
+        # for before the worker starts, so its first one (clock.HELLO_MARK, sent before it loads anything) has it.
+        stops = self._marks_sock is not None and freeze_supported(device) and _passes_creds(self._marks_sock)
         fds = (w,) + ((theirs.fileno(),) if theirs is not None else ())
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", *map(str, fds)]
         env = openmp_wait({**worker_env(self.dir, device), "TILESMITH_GATE_DEVICE": device})
@@ -130,29 +134,43 @@ class Worker:
         self.stop_ns: int | None = None
         self.frozen: object = None
         self.freeze_error = ""
+        self.chosen: int | None = None  # the call the parent chose to check, with the worker stopped
         self._layout: tuple[int, bytes] | None = None  # (sender's pid, layout) from the last layout datagrams
         self._parts: list[bytes] = []  # the layout's datagrams so far
-        self.stops = self._marks_sock is not None and freeze_supported(device) and _passes_creds(self._marks_sock)
+        self.stops = stops
+        # The worker's pid as the kernel named it in its first datagram, and its buffers' addresses by role (its
+        # timing setup's answer): where the parent writes a sample's values with the worker stopped (gate/refill.py).
+        self.pid: int | None = None
+        self.addresses: dict = {}
+        self.values = None  # a refill.Refill, where the parent writes them
         self.refused: list[str] = []  # what the worker's audit hook refused, as it reported on the mark socket
 
-    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
+    def request(self, msg: dict, timeout_s: float, read=None, fill=None) -> dict:
         """Send one request and wait for its reply; raises WorkerFailure (and kills the worker) on any failure.
         The window marks a timed request sends before its reply (clock.WINDOW_MARK) are then taken off the mark
         socket; `self.marks` holds the kernel's send times, the parent's own measure of the window.
-        read: for a request with "freeze", what to do with the stopped worker (gate/freeze.py): `read(pid, layout)`,
-        its result in self.frozen (an exception's text in self.freeze_error); self.stop_ns when the stop was sent."""
+        read: for a request with "freeze", what to do with the stopped worker (gate/freeze.py): `read(pid, layout,
+        call)` with the call the parent chose (self.chosen), its result in self.frozen (an exception's text in
+        self.freeze_error); self.stop_ns when the stop was sent.
+        fill: where samples stop (self.stops), `fill(pid)` writes the sample's values into the worker with its tree
+        stopped, before the request is written; self.sent_ns is then when the tree was let run again, the sample's
+        start (gate/refill.py). A failure to write is the candidate's: WorkerFailure `inputs-unwritable`."""
         self.stop_ns, self.frozen, self.freeze_error, self._layout, self._parts = None, None, "", None, []
+        self.chosen = None
         early: list[int] = []
         if self.marks is not None:
             self._drain_marks()  # none should be left from earlier requests: they would not be this one's
             self.marks = []
         line = (json.dumps(msg) + "\n").encode()
-        try:
-            self.sent_ns = time.time_ns()
-            self.proc.stdin.write(line)
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise self._fail("crashed", "the worker exited before the request") from None
+        if fill is not None and self.stops:
+            self._filled_request(line, fill)
+        else:
+            try:
+                self.sent_ns = time.time_ns()
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                raise self._fail("crashed", "the worker exited before the request") from None
         if msg.get("freeze") and self.marks is not None:
             early = self._stop_at_window_end(timeout_s, read)
         reply = self._read_line(timeout_s)
@@ -172,12 +190,43 @@ class Worker:
         if not d.get("ok"):
             self.close()
             raise WorkerFailure(str(d.get("code") or "raised")[:40], redact(str(d.get("error") or "failed"))[:800])
+        if msg.get("op") == "time_setup" and isinstance(d.get("addresses"), dict):
+            self.addresses.update(d["addresses"])
         return d
 
+    def _filled_request(self, line: bytes, fill) -> None:
+        """Stop the worker's tree, write the sample's values into it (`fill`), write the request, and let it run:
+        self.sent_ns, the sample's start, is taken right before the tree is let run (gate/refill.py)."""
+        from tilesmith.gate import procfs, refill
+
+        if self.pid is None:
+            self._drain_marks()  # its first datagram, with its pid, may still be queued
+        pids: list[int] = []
+        error = ""
+        try:
+            pids = procfs.freeze(self.proc.pid)
+            if self.pid not in pids:
+                raise refill.Unwritable("the worker's own pid is not known, or not in its process tree")
+            fill(self.pid)
+            self.proc.stdin.write(line)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            error = f"the worker exited before the request ({e})"
+        except refill.Unwritable as e:
+            error = str(e)
+        finally:
+            self.sent_ns = time.time_ns()
+            procfs.thaw(pids)
+        if error:
+            self.close()
+            raise WorkerFailure("inputs-unwritable", "the parent could not write the sample's input values into the "
+                                                     f"stopped worker: {error}"[:800])
+
     def _stop_at_window_end(self, timeout_s: float, read) -> list[int]:
-        """Wait for the layout the worker sends right after its window's closing mark, then stop its tree, hand
-        it to `read`, let it run again and send the go (gate/freeze.py). Returns the marks taken off the socket
-        meanwhile. Returns without a stop where the reply comes first (the caller finds stop_ns None)."""
+        """Wait for the layout the worker sends right after its window's closing mark, then stop its tree, choose the
+        call that is checked, hand both to `read`, let the tree run again and send the go with that call
+        (gate/freeze.py). Returns the marks taken off the socket meanwhile. Returns without a stop where the reply
+        comes first (the caller finds stop_ns None)."""
         from tilesmith.gate import freeze
 
         got: list[int] = []
@@ -194,10 +243,15 @@ class Worker:
                 return got
         pid, layout = self._layout
         pids: list[int] = []
+        call = 0
         try:
             # Stopped before anything else: the sample ends there.
             pids, self.stop_ns = freeze.stop(pid, self.proc.pid)
-            self.frozen = read(pid, layout) if read is not None else None
+            parsed = freeze.parse(layout)
+            # Drawn here, in the parent, once the calls have run and the worker is stopped: every call equally
+            # likely, and no code in the worker's process saw the draw or could steer it.
+            call = self.chosen = secrets.randbelow(parsed.calls)
+            self.frozen = read(pid, parsed, call) if read is not None else None
         except Exception as e:  # noqa: BLE001  the candidate's failure to be read, or the tree's to stop
             self.freeze_error = f"{type(e).__name__}: {e}"[:400]
         finally:
@@ -205,7 +259,7 @@ class Worker:
 
             thaw(pids)
         with contextlib.suppress(OSError):
-            self._marks_sock.send(b"G")
+            self._marks_sock.send(b"G" + call.to_bytes(4, "little"))
         return got
 
     def cpu_ns(self) -> int:
@@ -255,6 +309,10 @@ class Worker:
                     out.append(-1)  # a second one, one without its sender, or too long: no window check can hold
                 elif data[:1] == LAYOUT_MARK:
                     self._layout, self._parts = (pid, b"".join(self._parts)), []
+                continue
+            if data == HELLO_MARK:  # the worker's first datagram, before it loaded anything: its pid
+                if self.pid is None and pid:
+                    self.pid = pid
                 continue
             if data.startswith(audit.REFUSAL):  # the worker's audit hook refused something (gate/worker/audit.py)
                 self.refused += audit.refusals([data])

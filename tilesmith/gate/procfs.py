@@ -116,3 +116,21 @@ def read_memory(pid: int, address: int, n: int) -> bytes:
         return b"".join(parts)
     finally:
         os.close(fd)
+
+
+def write_memory(pid: int, address: int, data) -> None:
+    """Write `data` (bytes-like) into process `pid`'s memory at `address`, through /proc (the process should be
+    stopped: freeze); OSError where any of it is not mapped or cannot be written."""
+    view = memoryview(data).cast("B")
+    if not len(view):
+        return
+    fd = os.open(f"/proc/{pid}/mem", os.O_WRONLY)
+    try:
+        done = 0
+        while done < len(view):
+            n = os.pwrite(fd, view[done:done + (1 << 26)], address + done)
+            if n <= 0:
+                raise OSError(f"nothing written at {address + done:#x} in process {pid}")
+            done += n
+    finally:
+        os.close(fd)

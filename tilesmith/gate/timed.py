@@ -8,7 +8,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from tilesmith.gate import cpulease
+from tilesmith.gate import cpulease, refill
 from tilesmith.gate.context import DecisionContext
 from tilesmith.gate.original import Reference, load_raw, save_sets
 from tilesmith.gate.proc import calm_spares
@@ -45,6 +45,13 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
 
     def setup(pin: bool) -> None:
         set_up(ctx, ref, w, mode, lambda worker, roles, m: send(worker, roles, m, pin))
+        # Where a worker stops for the parent (the CPU: gate/freeze.py), the parent writes each sample's values into
+        # its buffers itself, with it stopped, and times the sample from there (gate/refill.py).
+        stopped = [x for x in {id(ref.timer): ref.timer, id(w): w}.values() if getattr(x, "stops", False)]
+        if stopped and refill.enabled():
+            values = refill.Refill([inputs for _, inputs in contents], ctx.meta)
+            for worker in stopped:
+                worker.values = values
 
     with contextlib.ExitStack() as lease:  # a CPU graph's timing holds its CPUs machine-wide (gate/cpulease.py)
         with clock(f"{key}.timing_setup"):
@@ -218,13 +225,15 @@ def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list,
 
 def _kept_ok(g, s, reps: int) -> bool:
     """A kept sample as the worker records it: its start, [a drawn call, the last call], an output list each,
-    and those outputs the ones the worker's digest bound when the sample ended (CheckedSample `s`)."""
+    and those outputs the ones the digest bound when the sample ended (CheckedSample `s`); where the parent chose the
+    call, that call."""
     from tilesmith.gate.worker.tensors import outputs_digest
 
     try:
         calls, outs = g["calls"], g["outputs"]
         shape = (g.get("start") == s.start and isinstance(calls, list) and len(calls) == 2 and calls[1] == reps - 1
-                 and isinstance(calls[0], int) and 0 <= calls[0] < reps and isinstance(outs, list) and len(outs) == 2)
+                 and isinstance(calls[0], int) and 0 <= calls[0] < reps and isinstance(outs, list) and len(outs) == 2
+                 and (s.call is None or calls[0] == s.call))
         return shape and s.digest is not None and outputs_digest(outs) == s.digest
     except (TypeError, KeyError, AttributeError, RuntimeError, ValueError):
         return False

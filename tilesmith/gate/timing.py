@@ -93,19 +93,26 @@ class CheckedSample:
     start: int  # rotation index of its first call: call i read buffer (start + i) % buffers
     fill: list[int]  # the pool content each buffer was refilled from before the sample
     perturb: int  # the seed that then gave every buffer values of its own (worker._set_content)
-    digest: int | None = None  # the worker's CRC of the sample's kept outputs, sent with the sample
+    digest: int | None = None  # the CRC of the sample's kept outputs: the parent's own read, or the worker's
+    call: int | None = None  # the call the parent chose to check, with the worker stopped (None: the worker drew it)
 
 
-def _sample(worker, msg: dict, timeout_s: float, read=None) -> tuple[windows.Sample | None, Reason | None, dict]:
+def _sample(worker, msg: dict, timeout_s: float, read=None, fill=None) -> tuple[windows.Sample | None, Reason | None,
+                                                                             dict]:
     """One timed sample, timed by the parent (windows.measured): the kernel's timestamps of the two marks the worker
     sends as its window opens and closes, and when the request was written; no shorter than the host time the
-    request asked to be spent before its calls (msg's gap_ns per call)."""
+    request asked to be spent before its calls (msg's gap_ns per call). `fill(pid)`: where the worker stops for the
+    parent, the sample's values written into it by the parent (gate/refill.py), the sample timed from then."""
+    filled = False
     if getattr(worker, "stops", False):  # the parent stops the worker at its window's end (gate/freeze.py)
         msg = {**msg, "freeze": True}
+        if fill is not None:
+            msg = {k: v for k, v in msg.items() if k not in ("fill", "perturb")} | {"filled": True}
+            filled = True
     w0 = time.perf_counter_ns()
-    reply = worker.request(msg, timeout_s=timeout_s, read=read)
+    reply = worker.request(msg, timeout_s=timeout_s, read=read, **({"fill": fill} if filled else {}))
     wall = time.perf_counter_ns() - w0
-    s, bad = windows.measured(worker, reply, wall, int(msg.get("gap_ns") or 0) * int(msg.get("reps") or 1))
+    s, bad = windows.measured(worker, reply, wall, int(msg.get("gap_ns") or 0) * int(msg.get("reps") or 1), filled)
     return s, bad, reply
 
 
@@ -172,6 +179,8 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     if pre["candidate"] and pre["apart"]:
         t.before_window_us = statistics.median(pre["candidate"]) / 1e3
         t.before_window_original_us = statistics.median(pre["apart"]) / 1e3
+    t.inputs_from_parent = bool(getattr(cand, "stops", False) and getattr(cand, "values", None) is not None
+                                and getattr(timer, "values", None) is not None)
     if post["candidate"] and post["apart"]:
         t.after_window_us = statistics.median(post["candidate"]) / 1e3
         t.after_window_original_us = statistics.median(post["apart"]) / 1e3
@@ -268,7 +277,10 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
         c0, w0 = (cand.cpu_ns(), time.perf_counter_ns()) if watch else (0, 0)
         side = "candidate" if role == "candidate" else "beside" if w is cand else "apart"
         w.request(warm, timeout_s=timeout_s)
-        s, bad, reply = _sample(w, msg, timeout_s, freeze.digest if stops and role == "candidate" else None)
+        values = getattr(w, "values", None) if stops else None  # gate/refill.py: the parent writes them
+        fill_in = ((lambda pid, w=w, role=role: values.write(pid, w.addresses.get(role), fill, perturb))
+                   if values is not None else None)
+        s, bad, reply = _sample(w, msg, timeout_s, freeze.digest if stops and role == "candidate" else None, fill_in)
         if watch:
             idle["wall"] += time.perf_counter_ns() - w0
             idle["cpu"] += cand.cpu_ns() - c0
@@ -285,7 +297,8 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
             pending["keep"] = keep
             if keep:
                 digest = w.frozen if stops else reply.get("digest") if isinstance(reply, dict) else None
-                kept.append(CheckedSample(k, fill, perturb, digest if isinstance(digest, int) else None))
+                kept.append(CheckedSample(k, fill, perturb, digest if isinstance(digest, int) else None,
+                                          getattr(w, "chosen", None) if stops else None))
     return None
 
 

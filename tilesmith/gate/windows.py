@@ -4,8 +4,10 @@ the sample's window opens and closes (proc._mark_socket). The number the worker 
 And its word on whether the original's samples could be measured at all (`implausible`).
 
 A sample's time is its marked window; on the CPU it ends instead when the parent stops the worker after the closing
-mark to read the outputs itself (gate/freeze.py), so that what any thread did after the window is timed. The span from
-its request to that window holds the same work for every role (reading the request, refilling the same buffers with
+mark to read the outputs itself (gate/freeze.py), so that what any thread did after the window is timed, and it starts
+when the parent lets the worker run after writing the sample's input values into it (gate/refill.py), so that what
+any thread did before the window is timed too. What follows is about the GPU, where neither is possible (device
+memory is not in /proc). The span from its request to that window holds the same work for every role (reading the request, refilling the same buffers with
 the same values, synchronising the device), and nothing of the candidate's runs on the worker's own thread there: no
 profile or trace function (the audit hook refuses one), no finalizer (the collector is off), no signal handler (none
 can be installed once the candidate has loaded: gate/worker/seccomp.py), and no torch mode or dispatcher kernel left by
@@ -36,11 +38,14 @@ class Sample:
     post_ns: int = 0  # from the closing mark to the parent's stop, counted in ns (gate/freeze.py; 0 without a stop)
 
 
-def measured(worker, reply: dict, wall_ns: int, least_ns: int) -> tuple[Sample | None, Reason | None]:
+def measured(worker, reply: dict, wall_ns: int, least_ns: int, filled: bool = False) -> tuple[Sample | None,
+                                                                                              Reason | None]:
     """The sample of `reply`, timed by the parent: `worker.marks` (the kernel's send times of the window's two marks,
     None where the platform cannot timestamp them) and `worker.sent_ns` (when the request was written, on the
     clock the kernel stamps them with); `wall_ns` the parent's span from request to reply, the time where there
-    are no marks. `least_ns`: the program's host time the sample had to spend (gate.timed.program_gap_ns)."""
+    are no marks. `least_ns`: the program's host time the sample had to spend (gate.timed.program_gap_ns).
+    filled: the parent wrote the sample's values into the stopped worker and let it run at `worker.sent_ns`
+    (gate/refill.py): the sample starts there, not at the window's opening mark."""
     ns = reply.get("ns")
     if not isinstance(ns, int) or isinstance(ns, bool) or ns <= 0:
         return None, Reason("timing-forged", "the timing worker returned a malformed sample")
@@ -62,6 +67,11 @@ def measured(worker, reply: dict, wall_ns: int, least_ns: int) -> tuple[Sample |
                 return None, Reason("timing-forged", "the timing worker replied without waiting to be stopped at its "
                                                      "window's end: what it did after the window cannot be timed")
             s.post_ns, s.ns = stop - marks[1], stop - marks[0]
+            if filled:  # everything after the values were written is the sample's, the span before the window too
+                if sent is None or sent > marks[0]:
+                    return None, Reason("timing-forged", "the timing worker's window opened before the parent let it "
+                                                         "run with the sample's values")
+                s.ns = stop - sent
     if s.ns < least_ns:
         return None, Reason("timing-forged", f"a sample of {s.ns / 1e6:.3f} ms is shorter than the {least_ns / 1e6:.3f} "
                                              "ms of the program's host time its calls had to spend: the wait was skipped")

@@ -142,7 +142,9 @@ def _timing_notes(verdicts) -> list[str]:
                    f"candidate worker's own numbers fell {_f(w.get('window_short_us')) or 0.0:.0f} us short of them "
                    f"(median), the original's {_f(w.get('window_short_original_us')) or 0.0:.0f} us; its windows "
                    f"opened {abs(late):.0f} us {'later' if late >= 0 else 'sooner'} after their requests than the "
-                   "original's (median; the span before a window is reported, not charged: gate/windows.py)")
+                   + ("original's (median; inside the samples: the gate wrote each sample's inputs into the stopped "
+                      "worker and timed it from there, gate/refill.py)" if w.get("inputs_from_parent") else
+                      "original's (median; the span before a window is reported, not charged: gate/windows.py)"))
     if note := _nonfinite_note([v for _, v, _ in verdicts if v.get("accepted")]):
         out.append(note)
     return out

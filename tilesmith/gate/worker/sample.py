@@ -8,6 +8,7 @@ before the worker guard records this module.
 
 from __future__ import annotations
 
+import array
 import functools
 import gc
 import os
@@ -27,8 +28,10 @@ _clock_ns = clock._perf_ns
 _write = os.write
 _read = os.read
 _TB = torch._C.TensorBase
-# A kept output's layout for the parent's own read of it (freeze below): bound before candidate code exists here.
-_LAYOUT = (_TB.data_ptr, _TB.size, _TB.stride, _TB.dtype.__get__, _TB.element_size, _TB.numel, tuple, repr, str)
+# The timed calls' outputs' layout for the parent's own read of them (freeze below): bound before candidate code
+# exists here.
+_LAYOUT = (_TB.data_ptr, _TB.size, _TB.stride, _TB.dtype.__get__, _TB.element_size, _TB.numel, tuple, repr, str,
+           array.array, map, len, int.from_bytes)
 _MARK_FD = -1  # the socket timed windows are marked on (main sets it before the worker guard records this module)
 _MARK_ID = None  # that socket's identity, (st_dev, st_ino): a descriptor redirected to anything else is seen
 _TENSOR = torch.Tensor
@@ -54,10 +57,18 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
     """op_time's timed window: (ns, kept outputs, kept call, last outputs). Written out here rather than through
     clock.timed: everything it uses is an argument, bound by op_time before the request's first candidate call,
     a local of this frame, which code run by a call cannot rebind without writing the interpreter's memory.
-    `marks`: (send a mark, the mark socket still ours?)."""
+    `marks`: (send a mark, the mark socket still ours?, stop for the parent's read or None)."""
     perf, spin, sync, urandom, snapshot, prims, tensor, type_, isinstance_, from_bytes, seqs, calls, error, moved = tools
     tuple_, map_, ddump, dtable, dnames, dtables, dstate = moved
     kept, kept_i, last, odd, redirected = None, -1, None, "", False
+    # Where the parent stops this process after the window (gate/freeze.py), every call's outputs stay alive until
+    # then and the parent itself chooses, with the process stopped, which call is checked: no draw made here, where
+    # candidate code could rig it (a red-team cheat made os.urandom answer zeros, so the kept call was always the
+    # last, and computed only that one: 1.6-1.9x), and no call knows before the stop which outputs will be read (the
+    # earlier calls' could be filled in by a later one, inside the window, from the reservoir's choice so far). Both
+    # roles hold them alike: the memory they keep, and its page faults, are the same on both sides.
+    held = [] if marks is not None and marks[2] is not None else None
+    hold = held.append if held is not None else None
     sync()
     if marks is not None:
         # Candidate code shares this process and could point the descriptor elsewhere (os.dup2) and send marks of
@@ -69,6 +80,8 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
         if gap:  # the program's own host time before each call (gate.timed.program_gap_ns): the GPU runs on
             spin(gap, perf)
         last = window[i]()
+        if hold is not None:
+            hold(last)
         # No profile or trace function can run here (the reservoir's snapshot of a kept call would call it, and it
         # could compute only the outputs that are read): the audit hook refuses to set one (gate/worker/audit.py).
         # Plain tensors only: a subclass can return at once and do the work only when a value is read, after the
@@ -84,17 +97,20 @@ def _timed_window(window: list, gap: int, graph: bool, ours: bool, marks, tools:
                         break
             elif type_(last) is not tensor:
                 odd = type_(last).__name__
-        # Reservoir sampling, drawn after the call returned: every call of the sample equally likely to be kept.
+        # Where the parent does not stop this process (a device's outputs: not in memory it can read), reservoir
+        # sampling, drawn after the call returned: every call of the sample equally likely to be kept.
         # Only the candidate's kept outputs are checked: the baseline's copy (a clone in graph and trees modes,
         # inside its timed sample) would be a cost only the baseline pays.
-        if from_bytes(urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
+        if hold is None and from_bytes(urandom(2), "little") * (i + 1) < 65536:  # probability 1/(i+1)
             kept, kept_i = (snapshot(last, graph, prims) if ours else None), i
     sync()
     t1 = perf()
     if marks is not None:
         marks[0]()
-        if marks[2] is not None:  # the parent stops this process and reads the outputs itself (gate/freeze.py)
-            marks[2]((kept or []) if ours else [], last if ours else [], tensor, type_, seqs)
+        if held is not None:  # the parent stops this process, chooses the checked call and reads it (gate/freeze.py)
+            kept_i = marks[2](held, tensor, type_, seqs)
+            kept = snapshot(held[kept_i], graph, prims) if ours else None
+            held = hold = None
         redirected = redirected or not marks[1]()
     # Before the snapshot and digest dispatch anything: a kernel the candidate registered is in place now.
     if tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) != dstate:
@@ -147,10 +163,11 @@ def op_time(st: State, req: dict) -> dict:
     """One timed sample: `reps` calls of `role` over the rotating buffers from index `start`, device-wide
     sync around it, right after its warm-up (op_warm, a request of its own). Before it, the buffers are
     refilled with the contents `fill` names (new values, same addresses): no candidate code runs from this
-    request's arrival to its window. After each call, a fresh random draw decides whether this call replaces
-    the one kept so far (reservoir sampling: every call of the sample equally likely): drawn after the call
-    returns, so no call can know whether it will be checked. The kept call and the last call stay pending;
-    the next warm-up says whether the parent wants them (`keep`)."""
+    request's arrival to its window. Which call is checked: where the parent stops this process after the window
+    (the CPU: gate/freeze.py), the parent chooses, with the process stopped, among every call's outputs, all kept
+    alive until then; elsewhere, after each call, a fresh random draw decides whether this call replaces the one
+    kept so far (reservoir sampling: every call of the sample equally likely), drawn after the call returns. The
+    kept call and the last call stay pending; the next warm-up says whether the parent wants them (`keep`)."""
     # Everything this request uses once candidate code has run, bound first as locals (here, then the window's
     # arguments): a global read later could hold a replacement that puts the original back before the guard looks
     # (a red-team cheat did that to the clock), and a closure's cell can be rewritten from Python (another
@@ -179,13 +196,17 @@ def op_time(st: State, req: dict) -> dict:
     # window closed (a red-team cheat, accepted at 9.8x: tests/redteam.py precomputes_the_sample_in_the_refill). The
     # comparison after the warm-up request leaves the dispatcher out (it would cool what the warm-up warmed); here it
     # runs before the refill, which touches every input again. C functions and builtins bound before candidate code.
+    # Where the parent wrote the sample's values into the buffers itself, with this process stopped, and started the
+    # sample's clock as it let it run (gate/refill.py), there is no refill here, and nothing before the window is
+    # off the clock.
+    filled = bool(req.get("filled"))
     tuple_, map_, ddump, dtable, dnames, dtables, dstate = tools[-1]
-    if tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) != dstate:
+    if not filled and tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) != dstate:
         raise TilesmithError("the candidate changes process state: it registers a kernel for an op the gate worker "
                              "runs between its warm-up and its timed sample", code="process-state")
     # The refill runs with the process's thread count: changing it here would make the first timed call
     # start a new thread team.
-    for b, c in enumerate(req.get("fill") or []):
+    for b, c in enumerate(req.get("fill") or [] if not filled else []):
         _set_content(st, st.bufs[role][b], st.pool[role][c], req.get("perturb"), b)
     window = [thunks[(k + i) % n] for i in range(reps)]
     # From the window's end to the digest of its kept outputs nothing runs that candidate code can redirect: grad
@@ -229,28 +250,37 @@ def _window_args(reps: int, snapshot, prims, error, freeze: bool = False) -> tup
     return tools, marks
 
 
-def _stop_for_the_parent(write, read, fd: int, prims: tuple, kept: list, last, tensor, type_, seqs) -> None:
-    """Right after the window's closing mark: the layout of the outputs the parent may check (the kept call's and the
-    last call's: address, size, stride, dtype) on the mark socket, then wait, doing nothing, for its word. Meanwhile
-    the parent stops this process and everything under it, reads those outputs out of its memory and digests them
-    (gate/freeze.py): what they hold when the process stops is what is checked, and the stop ends the sample."""
-    data_ptr, size, stride, dtype_of, element_size, numel, tuple_, repr_, str_ = prims
-    lists = []
-    for outs in (kept, last if type_(last) in seqs else [last]):
-        entries = []
-        for o in outs:
-            if type_(o) is tensor:
-                entries.append(("t", data_ptr(o) if numel(o) else 0, tuple_(size(o)), tuple_(stride(o)),
-                                str_(dtype_of(o)), element_size(o)))
-            else:
-                entries.append(("o", repr_(o)))
-        lists.append(entries)
-    data, part, last_part = repr_(tuple_(lists)).encode(), clock.LAYOUT_PART, clock.LAYOUT_MARK
-    while len(data) > clock.LAYOUT_CHUNK:  # a datagram holds so much (a backward graph's outputs are hundreds)
+def _stop_for_the_parent(write, read, fd: int, prims: tuple, held: list, tensor, type_, seqs) -> int:
+    """Right after the window's closing mark: the layout of every timed call's outputs on the mark socket (the last
+    call's in full: address, size, stride, dtype; then each call's addresses), then wait, doing nothing, for the
+    parent's word. Meanwhile the parent stops this process and everything under it, chooses the call it checks, reads
+    that call's and the last call's outputs out of its memory and digests them (gate/freeze.py): what they hold when
+    the process stops is what is checked, and the stop ends the sample. Returns the call the parent chose."""
+    data_ptr, size, stride, dtype_of, element_size, numel, tuple_, repr_, str_, array_, map_, len_, from_bytes = prims
+    last = held[-1] if held else []
+    entries = []
+    for o in (last if type_(last) in seqs else [last]):
+        if type_(o) is tensor:
+            entries.append(("t", data_ptr(o) if numel(o) else 0, tuple_(size(o)), tuple_(stride(o)), str_(dtype_of(o)),
+                            element_size(o)))
+        else:
+            entries.append(("o", repr_(o)))
+    ptrs = array_("Q")
+    for out in held:
+        outs = out if type_(out) in seqs else [out]
+        try:
+            row = tuple_(map_(data_ptr, outs))
+        except TypeError:  # a non-tensor among them: it has no address (the last call's repr stands for it)
+            row = tuple_(data_ptr(o) if type_(o) is tensor else 0 for o in outs)
+        ptrs.extend(row)
+    data = repr_((tuple_(entries), len_(held))).encode() + b"\n" + ptrs.tobytes()
+    part, last_part = clock.LAYOUT_PART, clock.LAYOUT_MARK
+    while len_(data) > clock.LAYOUT_CHUNK:  # a datagram holds so much (a backward graph's outputs are hundreds)
         write(fd, part + data[:clock.LAYOUT_CHUNK])
         data = data[clock.LAYOUT_CHUNK:]
     write(fd, last_part + data)
-    read(fd, 16)  # the parent's go, once it has read what it checks and let this process run again
+    go = read(fd, 16)  # the parent's go, once it has read what it checks and let this process run again
+    return from_bytes(go[1:5], "little")
 
 
 def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:

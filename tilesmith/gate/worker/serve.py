@@ -22,6 +22,7 @@ _STARTUP_S = 0.0  # seconds from this module's first line to the first request i
 
 import torch  # noqa: E402
 
+from tilesmith.gate import clock  # noqa: E402
 from tilesmith.gate.worker import audit, guard, sample  # noqa: E402
 from tilesmith.gate.worker.checks import _patched, op_checks, op_original_checks  # noqa: E402
 from tilesmith.gate.worker.fingerprint import _state_change  # noqa: E402
@@ -130,6 +131,10 @@ def _serve(fd: int, mark_fd: int = -1) -> None:
     if mark_fd >= 0:
         st_ = os.fstat(mark_fd)
         sample._MARK_FD, sample._MARK_ID = mark_fd, (st_.st_dev, st_.st_ino)
+        # The first datagram, before any candidate code exists here: the kernel tells the parent this process's pid
+        # as it sees it, the one whose memory it writes a sample's values into (gate/refill.py).
+        if os.environ.get("TILESMITH_GATE_DEVICE", "cpu").startswith("cpu"):
+            os.write(mark_fd, clock.HELLO_MARK)
     # Before any candidate code: the worker's own code and state, and what checks and sends (guard.py),
     # held in this frame. Each reply goes out only if nothing of it moved; else a failure made beforehand.
     sample._DISPATCH = guard.dispatch_state()

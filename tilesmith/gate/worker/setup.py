@@ -117,7 +117,11 @@ def op_time_setup(st: State, req: dict) -> dict:
                 for thunk in st.timed[role]:
                     thunk()
     _device_sync()
-    return {"trees_fallback": dict(st.trees_fallback)} if st.trees_fallback else {}
+    out = {"trees_fallback": dict(st.trees_fallback)} if st.trees_fallback else {}
+    if st.device == "cpu":  # where the parent writes a sample's values into the buffers itself (gate/refill.py)
+        out["addresses"] = {role: [[x.data_ptr() if isinstance(x, torch.Tensor) else 0 for x in b] for b in st.bufs[role]]
+                            for role in req["roles"]}
+    return out
 
 
 def _updated(st: State) -> list[int]:
