@@ -312,17 +312,9 @@ def _with_held_call(text: str) -> str:
 # The poller of `precomputes_the_kept_call_while_the_refill_runs`, computing every timed call's outputs: each call's
 # buffer set as soon as the refill has moved past it (sets before _set_content's `b` hold their values), one set per
 # time it holds the GIL, until every call of the sample is in the memo.
-_POLL_EVERY_PY = _POLL_PY.replace('''            bufs = st.bufs["candidate"]
-            s = (int(req.get("start", 0)) + int(req["reps"]) - 1) % len(bufs)  # the last call's set: the kept one
-            if "_set_content" in names:
-                if _ag("f_locals")(names["_set_content"]).get("b", -1) <= s:
-                    return 0  # its values are not all in yet
-            elif "window" not in loc:
-                return 0  # the refill has not started
-            key = _key(bufs[s])
-            with torch.no_grad():
-                memo[key] = plan["runner"].held_call(list(bufs[s]))
-            return done()''', '''            bufs = st.bufs["candidate"]
+_PICK = _POLL_PY.index('            bufs = st.bufs["candidate"]\n')  # which set to compute, and computing it
+_PICKED = _POLL_PY.index("            return done()\n", _PICK) + len("            return done()\n")
+_POLL_EVERY_PY = _POLL_PY[:_PICK] + '''            bufs = st.bufs["candidate"]
             k0, reps = int(req.get("start", 0)), int(req["reps"])
             if "_set_content" in names:
                 filled = _ag("f_locals")(names["_set_content"]).get("b", -1)  # the sets before it are refilled
@@ -336,8 +328,8 @@ _POLL_EVERY_PY = _POLL_PY.replace('''            bufs = st.bufs["candidate"]
                     with torch.no_grad():
                         memo[key] = plan["runner"].held_call(list(bufs[s]))
                     return done() if len(memo) >= reps else 0
-            return 0''')
-assert _POLL_EVERY_PY != _POLL_PY
+            return 0
+''' + _POLL_PY[_PICKED:]
 
 _EVERY_FROM_THE_MEMO_WHEN_TIMED = '''    def call(self, args):
         if _arm is not None and _in("op_warm"):
