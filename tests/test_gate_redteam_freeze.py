@@ -9,7 +9,9 @@ Each was accepted before the defence that now rejects it:
   uncomputed calls are read;
 - precomputes_the_kept_call_while_the_refill_runs: the same, and that last call computed by a native thread that
   takes the GIL inside the refill's torch ops, once its buffer set holds the sample's values (accepted 2 of 2 at 3
-  calls a sample: 3.76x low 1.64x, 4.23x low 1.78x). Rejected by the parent's choice too;
+  calls a sample: 3.76x low 1.64x, 4.23x low 1.78x). The parent's choice finds the other calls uncomputed; but at
+  one call a sample (which the gate chose once under the suite's load) the only call is the one computed in the
+  refill, and it was accepted again (1.88x, low 1.08x): it is the next cheat's class, tested with the parent's refill;
 - precomputes_every_call_while_the_refill_runs: that thread computing every call of the sample in the refill, so
   whichever call the parent reads is right (accepted 2 of 2 with the parent's choice and the worker's own refill:
   1.76x low 1.25x, 1.86x low 1.35x, 38 and 40 checked calls right; its refill took 4.1-4.6 ms against the
@@ -35,8 +37,10 @@ RIGGED = "wrong-values-in-timing"
 
 FREEZE_CHEATS = [
     pytest.param(redteam_freeze.rigs_the_reservoirs_draws, RIGGED, id="rigs_the_reservoirs_draws"),
+    # At one call a sample (the gate chose it under the suite's load) the kept call is the only one, computed in the
+    # refill: accepted by default then (1.88x, low 1.08x), as the next one is.
     pytest.param(redteam_freeze.precomputes_the_kept_call_while_the_refill_runs, RIGGED,
-                 id="precomputes_the_kept_call_while_the_refill_runs"),
+                 id="precomputes_the_kept_call_while_the_refill_runs-parent-refill"),
     # Accepted by default (1.76x, 1.86x, quiet machine; not tested by default: on a loaded one it may not show itself
     # faster, so neither verdict can be asserted): the worker's own refill is untimed.
     pytest.param(redteam_freeze.precomputes_every_call_while_the_refill_runs, "not-faster",
