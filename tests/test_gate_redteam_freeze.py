@@ -23,13 +23,11 @@ Each was accepted before the defence that now rejects it:
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
-from tests import gate_helpers as h
 from tests import redteam_freeze
-from tests.test_gate_redteam import _SCREEN, _judge
+from tests.test_gate_redteam import _SCREEN, _judge, inf_graph, screen_off  # noqa: F401  (fixtures)
 from tilesmith.gate import static
 
 # With the kept call the parent's own choice, an uncomputed one among those checked.
@@ -46,16 +44,6 @@ FREEZE_CHEATS = [
     pytest.param(redteam_freeze.precomputes_every_call_while_the_refill_runs, "not-faster",
                  id="precomputes_every_call_while_the_refill_runs-parent-refill"),
 ]
-
-
-@pytest.fixture(scope="module")
-def inf_graph(inference_ws) -> Path:
-    return h.graph_of(inference_ws)
-
-
-@pytest.fixture
-def screen_off(monkeypatch):
-    monkeypatch.setattr(static, "screen", lambda text: [])  # judge() looks it up at each call; the allowlist is off too
 
 
 def test_the_static_stage_refuses_the_freeze_cheats_too(inf_graph):

@@ -20,13 +20,11 @@ With the static stage on, all four are refused there (the native one by the scre
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
-from tests import gate_helpers as h
 from tests import redteam_late
-from tests.test_gate_redteam import _SCREEN, _judge
+from tests.test_gate_redteam import _SCREEN, _judge, inf_graph, screen_off  # noqa: F401  (fixtures)
 from tilesmith.gate import static
 
 # The parent's read of an output's unfilled userfaultfd page fails (gate/freeze.py).
@@ -45,16 +43,6 @@ LATE_CHEATS = [
     pytest.param(redteam_late.precomputes_the_sample_from_a_pending_call, "not-faster",
                  id="precomputes_the_sample_from_a_pending_call"),
 ]
-
-
-@pytest.fixture(scope="module")
-def inf_graph(inference_ws) -> Path:
-    return h.graph_of(inference_ws)
-
-
-@pytest.fixture
-def screen_off(monkeypatch):
-    monkeypatch.setattr(static, "screen", lambda text: [])  # judge() looks it up at each call; the allowlist is off too
 
 
 def test_the_static_stage_refuses_the_late_cheats_too(inf_graph):

@@ -206,7 +206,7 @@ def op_time(st: State, req: dict) -> dict:
                              "runs between its warm-up and its timed sample", code="process-state")
     # The refill runs with the process's thread count: changing it here would make the first timed call
     # start a new thread team.
-    for b, c in enumerate(req.get("fill") or [] if not filled else []):
+    for b, c in enumerate([] if filled else req.get("fill") or []):
         _set_content(st, st.bufs[role][b], st.pool[role][c], req.get("perturb"), b)
     window = [thunks[(k + i) % n] for i in range(reps)]
     # From the window's end to the digest of its kept outputs nothing runs that candidate code can redirect: grad
