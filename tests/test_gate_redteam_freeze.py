@@ -15,10 +15,14 @@ Each was accepted before the defence that now rejects it:
 - precomputes_every_call_while_the_refill_runs: that thread computing every call of the sample in the refill, so
   whichever call the parent reads is right (accepted 2 of 2 with the parent's choice and the worker's own refill:
   1.76x low 1.25x, 1.86x low 1.35x, 38 and 40 checked calls right; its refill took 4.1-4.6 ms against the
-  original's 2.9 ms). **Still accepted by default.** With TILESMITH_GATE_REFILL=1 the parent writes each sample's
-  values into the stopped worker and times the sample from the moment it lets it run (gate/refill.py): the same work
-  is inside the sample (0.87x, not-faster). Off by default: on a loaded machine that start also times the worker's
-  wait for a CPU, and honest wins were rejected (docs/gate.md).
+  original's 2.9 ms). Now the parent writes each sample's values into the stopped worker and times the sample from
+  the moment it lets it run (gate/refill.py, on by default; these tests set it all the same): the same work is inside
+  the sample (0.87x, not-faster);
+- hands_its_work_to_a_child_while_it_waits: against that start's allowance for the wait for a CPU (procfs.forgiven_ns),
+  children forked at import do every call while the serving thread yields its core in the run queue. Their CPU time
+  is charged against the wait: 0.20x (a forgiveness that did not charge it read 0.40x, 4.4 ms of each sample taken
+  out; the cheat's pipes and copies cost more than this graph). Pinned to its child's core at the lowest priority it
+  was rejected before its sample, by the worker's process-state check.
 """
 
 from __future__ import annotations
@@ -39,10 +43,13 @@ FREEZE_CHEATS = [
     # refill: accepted by default then (1.88x, low 1.08x), as the next one is.
     pytest.param(redteam_freeze.precomputes_the_kept_call_while_the_refill_runs, RIGGED,
                  id="precomputes_the_kept_call_while_the_refill_runs-parent-refill"),
-    # Accepted by default (1.76x, 1.86x, quiet machine; not tested by default: on a loaded one it may not show itself
-    # faster, so neither verdict can be asserted): the worker's own refill is untimed.
+    # Accepted while the worker refilled itself (1.76x, 1.86x, quiet machine; TILESMITH_GATE_REFILL=0 is not tested:
+    # on a loaded machine it may not show itself faster, so neither verdict could be asserted).
     pytest.param(redteam_freeze.precomputes_every_call_while_the_refill_runs, "not-faster",
                  id="precomputes_every_call_while_the_refill_runs-parent-refill"),
+    # Its serving thread waits for the core its child works on: the wait is not forgiven, the child's CPU is charged.
+    pytest.param(redteam_freeze.hands_its_work_to_a_child_while_it_waits, "not-faster",
+                 id="hands_its_work_to_a_child_while_it_waits-parent-refill"),
 ]
 
 

@@ -92,3 +92,67 @@ def test_a_buffer_set_without_its_addresses_or_with_an_unmapped_one_is_unwritabl
         r.write(os.getpid(), [[0] * len(contents[0])], [0], 1)
     with pytest.raises(refill.Unwritable, match="could not be written"):
         r.write(os.getpid(), [[4096] * len(contents[0])], [0], 1)
+
+
+def _spinner(code: str):
+    """A Python process running `code` (its main thread first pins itself to this process's first core)."""
+    import subprocess
+
+    cpu = min(os.sched_getaffinity(0))
+    pre = f"import os, threading, time\nos.sched_setaffinity(0, {{{cpu}}})\n"
+    return subprocess.Popen([sys.executable, "-c", pre + code]), cpu
+
+
+def _sched_over(p, seconds: float):
+    """procfs.sched of process p, stopped, at the start and the end of `seconds` of running."""
+    import time
+
+    from tilesmith.gate import procfs
+
+    time.sleep(0.6)  # its threads (and child) started
+    pids = procfs.freeze(p.pid)
+    a = procfs.sched(pids, p.pid)
+    procfs.thaw(pids)
+    time.sleep(seconds)
+    pids = procfs.freeze(p.pid)
+    b = procfs.sched(pids, p.pid)
+    procfs.thaw(pids)
+    return a, b
+
+
+_SPIN = "t = time.time()\nwhile time.time() - t < 30: pass\n"
+
+
+def test_a_wait_for_the_core_made_by_another_process_is_forgiven_one_made_by_the_workers_own_thread_is_not():
+    """procfs.forgiven_ns on real processes pinned to one core: the serving thread's wait behind a process outside its
+    tree is forgiven; behind a thread of its own (or a child of its own) it is charged, that thread's CPU time being
+    counted against it; and nothing is forgiven where the tree's threads changed."""
+    from tilesmith.gate import procfs
+
+    ready = "time.sleep(0.3)\n"
+    hog, cpu = _spinner(_SPIN)
+    worker, _ = _spinner(ready + _SPIN)
+    try:
+        a, b = _sched_over(worker, 1.0)
+        assert a and b and b.waited_ns - a.waited_ns > 200e6, (a, b)  # it shared its core with the hog
+        assert procfs.forgiven_ns(a, b) > 0.8 * (b.waited_ns - a.waited_ns)
+    finally:
+        hog.kill(), worker.kill()
+    # Its own thread, and its own child, spinning on its core.
+    own = "threading.Thread(target=lambda: exec(" + repr(_SPIN) + "), daemon=True).start()\n"
+    child = "if os.fork() == 0:\n    " + _SPIN.replace("\n", "\n    ") + "\n"
+    for extra in (own, child):
+        worker, _ = _spinner(extra + ready + _SPIN)
+        try:
+            a, b = _sched_over(worker, 1.0)
+            assert a and b and b.waited_ns - a.waited_ns > 50e6, (a, b)  # (run_delay counts less than half here)
+            mine, others = b.own_ns - a.own_ns, (b.cpu_ns - a.cpu_ns) - (b.own_ns - a.own_ns)
+            assert others > 0.7 * mine, (extra, a, b)  # the other spinner's time is counted: it spun as long
+            assert procfs.forgiven_ns(a, b) <= max(0, (b.waited_ns - a.waited_ns) - others), (extra, a, b)
+        finally:
+            worker.kill()
+    # A thread started (or ended) between the two: nothing forgiven.
+    assert procfs.forgiven_ns(a, procfs.Sched(b.waited_ns + 10**9, b.own_ns, b.cpu_ns, b.reaped,
+                                              b.tasks | {(1, 1)})) == 0
+    assert procfs.forgiven_ns(a, procfs.Sched(b.waited_ns + 10**9, b.own_ns, b.cpu_ns, b.reaped + 1, b.tasks)) == 0
+    assert procfs.forgiven_ns(None, b) == 0

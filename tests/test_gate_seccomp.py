@@ -67,3 +67,72 @@ def test_the_filter_denies_exactly_the_listed_calls_on_its_own_architecture():
         assert [k for code, _, _, k in checks if code == 0x15] == list(refused)
         assert all(jt == len(checks) - i for i, (_, jt, _, _) in enumerate(checks))  # each match lands on the deny
         assert (machine == "x86_64") == any(code == 0x35 and k == 0x40000000 for code, _, _, k in checks)
+
+
+_PROBE_PROCESSES = r'''
+import ctypes, json, os, subprocess, sys, threading, torch
+from tilesmith.gate.worker import seccomp
+
+torch.randn(256, 256) @ torch.randn(256, 256)
+out = {"why": seccomp.install(processes=True)}
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def started(fn):
+    try:
+        return "allowed" if fn() is not None else "allowed"
+    except OSError as e:
+        return {1: "refused", 38: "refused (ENOSYS)"}.get(e.errno, f"errno {e.errno}")
+
+
+def raw(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(nr, *args)
+    if r == 0:  # a child, if the kernel let one start: it leaves at once
+        os._exit(0)
+    return "refused" if r == -1 and ctypes.get_errno() == 1 else f"returned {r}, errno {ctypes.get_errno()}"
+
+
+tries = {"fork": lambda: started(lambda: os.fork()),
+         "subprocess": lambda: started(lambda: subprocess.run(["/bin/true"])),
+         "posix_spawn": lambda: started(lambda: os.posix_spawn("/bin/true", ["/bin/true"], {})),
+         "raw clone": lambda: raw(56 if os.uname().machine == "x86_64" else 220, 17, 0, 0, 0, 0),  # SIGCHLD: a process
+         "thread": lambda: started(lambda: threading.Thread(target=lambda: None).start()),
+         "more torch threads": lambda: (torch.set_num_threads(3),
+                                        float((torch.randn(512, 512) @ torch.randn(512, 512)).sum()), "allowed")[-1]}
+for name, fn in tries.items():
+    out[name] = fn()
+print(json.dumps(out))
+'''
+
+
+def test_a_cpu_workers_filter_also_refuses_to_start_a_process_and_threads_still_start():
+    """CPU workers (whose samples the parent times from outside: procfs.forgiven_ns) may start threads, never a process:
+    a child that worked and was reaped within a sample would leave no CPU time the parent could see."""
+    p = subprocess.run([sys.executable, "-c", _PROBE_PROCESSES], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r.pop("why") == ""
+    assert r == {"fork": "refused", "subprocess": "refused", "posix_spawn": "refused", "raw clone": "refused",
+                 "thread": "allowed", "more torch threads": "allowed"}, r
+
+
+def test_the_process_rules_jump_where_they_say():
+    """With `processes`, clone3 answers ENOSYS, clone is let through only with CLONE_THREAD in its flags, fork and
+    vfork are refused; the listed calls still land on the deny."""
+    for machine, (arch, refused, _) in seccomp._ARCH.items():
+        prog = seccomp.program(machine, processes=True)
+        assert prog[-1] == (0x06, 0, 0, 0x00050000 | 38) and prog[-2] == (0x06, 0, 0, 0x00050000 | 1)
+        assert prog[-3] == (0x06, 0, 0, 0x7FFF0000)
+        allow, deny, enosys = len(prog) - 3, len(prog) - 2, len(prog) - 1
+        for i, (code, jt, jf, k) in enumerate(prog[4:], start=4):
+            if code == 0x15 and k in refused + seccomp._FORKS[machine]:
+                assert i + 1 + jt == deny, (machine, k)
+            elif code == 0x15 and k == seccomp._CLONE[machine][1]:
+                assert i + 1 + jt == enosys
+            elif code == 0x15 and k == seccomp._CLONE[machine][0]:
+                assert i + 1 + jf == allow and prog[i + 1] == (0x20, 0, 0, 16)
+            elif code == 0x45:
+                assert k == 0x10000 and i + 1 + jt == allow and i + 1 + jf == deny
+        assert [k for c, _, _, k in prog if c == 0x15 and k in seccomp._FORKS[machine]] == list(seccomp._FORKS[machine])

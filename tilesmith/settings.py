@@ -35,6 +35,7 @@ VARIABLES = {
 # accepted, installed and substituted with the program's checksum unchanged; the gate's corpus, optimizer steps
 # included, at 0 false rejections: benchmarks/RESULTS.md). TILESMITH_IN_PLACE=0 leaves such graphs to Inductor.
 IN_PLACE_DEFAULT = True
+GATE_REFILL_DEFAULT = True
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Settings:
     debug: bool  # the CLI prints the traceback of an unexpected error (any non-empty value)
     rewrites: str  # the tuner's graph rewrites: "" (off, the default), 1/all, or names (search/rewrites reads it)
     in_place: bool  # capture makes graphs that update their inputs in place eligible (default IN_PLACE_DEFAULT)
-    gate_refill: bool  # the gate writes a CPU sample's inputs into the stopped worker and times from there (off)
+    gate_refill: bool  # the gate writes a CPU sample's inputs into the stopped worker, timed from there (default on)
 
     @property
     def sandbox_mode(self) -> str:
@@ -94,7 +95,7 @@ def current(environ=None) -> Settings:
         relower_only=raw["relower_only"] or "", native_dir=raw["native_dir"], debug=bool(raw["debug"]),
         rewrites=(raw["rewrites"] or "").strip(),
         in_place=_switch(raw["in_place"]) if (raw["in_place"] or "").strip() else IN_PLACE_DEFAULT,
-        gate_refill=_switch(raw["gate_refill"]))
+        gate_refill=_switch(raw["gate_refill"]) if (raw["gate_refill"] or "").strip() else GATE_REFILL_DEFAULT)
 
 
 def _switch(value: str | None) -> bool:

@@ -132,6 +132,9 @@ class Worker:
         # A sample that stops for the parent's read (gate/freeze.py): when the stop was sent (None: it did not stop),
         # what the parent's read returned, or why it failed.
         self.stop_ns: int | None = None
+        # The scheduler's account of the stopped tree as a filled sample started and as it ended (procfs.sched): the
+        # serving thread's wait for a CPU in between that nothing of the worker's caused is not the sample's.
+        self.sched: tuple = (None, None)
         self.frozen: object = None
         self.freeze_error = ""
         self.chosen: int | None = None  # the call the parent chose to check, with the worker stopped
@@ -156,6 +159,7 @@ class Worker:
         stopped, before the request is written; self.sent_ns is then when the tree was let run again, the sample's
         start (gate/refill.py). A failure to write is the candidate's: WorkerFailure `inputs-unwritable`."""
         self.stop_ns, self.frozen, self.freeze_error, self._layout, self._parts = None, None, "", None, []
+        self.sched = (None, None)
         self.chosen = None
         early: list[int] = []
         if self.marks is not None:
@@ -210,6 +214,7 @@ class Worker:
             fill(self.pid)
             self.proc.stdin.write(line)
             self.proc.stdin.flush()
+            self.sched = (procfs.sched(pids, self.pid), None)
         except (BrokenPipeError, OSError) as e:
             error = f"the worker exited before the request ({e})"
         except refill.Unwritable as e:
@@ -247,6 +252,10 @@ class Worker:
         try:
             # Stopped before anything else: the sample ends there.
             pids, self.stop_ns = freeze.stop(pid, self.proc.pid)
+            if self.sched[0] is not None:  # a filled sample: the scheduler's account at its end too
+                from tilesmith.gate import procfs
+
+                self.sched = (self.sched[0], procfs.sched(pids, pid))
             parsed = freeze.parse(layout)
             # Drawn here, in the parent, once the calls have run and the worker is stopped: every call equally
             # likely, and no code in the worker's process saw the draw or could steer it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 _TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1e7
 
@@ -134,3 +135,47 @@ def write_memory(pid: int, address: int, data) -> None:
             done += n
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class Sched:
+    """What the scheduler says of a stopped worker's tree at one moment (sched()); two of them bound a sample."""
+
+    waited_ns: int  # the serving thread's time runnable but not running, so far (schedstat's run_delay)
+    own_ns: int  # the serving thread's CPU time so far (schedstat's sum_exec_runtime)
+    cpu_ns: int  # every process of the tree: its threads' CPU time, live or ended (the process's CPU clock)
+    reaped: int  # every process's reaped children's CPU time, in clock ticks (cutime + cstime)
+    tasks: frozenset  # (pid, tid) of every thread of the tree
+
+
+def sched(pids: list[int], serving: int) -> Sched | None:
+    """The tree `pids` (stopped) as the scheduler accounts for it; `serving`: the pid whose main thread serves the
+    gate's requests. None where any of it cannot be read."""
+    import time
+
+    tasks, cpu, reaped, mine = set(), 0, 0, None
+    try:
+        for p in pids:
+            for t in os.listdir(f"/proc/{p}/task"):
+                tasks.add((p, int(t)))
+            # A process's CPU clock, readable for any process in our PID namespace: ns, ended threads included.
+            cpu += time.clock_gettime_ns(((~p) << 3) | 2)  # CPUCLOCK_SCHED of the whole process (posix-cpu-timers)
+            with open(f"/proc/{p}/stat", "rb") as f:
+                raw = f.read()
+            reaped += sum(int(x) for x in raw[raw.rindex(b")") + 2:].split()[13:15])  # cutime, cstime
+        with open(f"/proc/{serving}/task/{serving}/schedstat", "rb") as f:
+            mine = [int(x) for x in f.read().split()[:2]]
+    except (OSError, ValueError, IndexError):
+        return None
+    return Sched(mine[1], mine[0], cpu, reaped, frozenset(tasks))
+
+
+def forgiven_ns(a: Sched | None, b: Sched | None) -> int:
+    """Of the serving thread's wait for a CPU between a and b, the part that no thread or process of the tree can
+    have caused: the wait less every other thread's CPU time meanwhile (a thread of the candidate's that took the
+    serving thread's core, or worked while it waited, is charged in full). 0 where the tree's threads or processes
+    changed, or a reaped child's time grew: work that would not be counted."""
+    if a is None or b is None or a.tasks != b.tasks or a.reaped != b.reaped:
+        return 0
+    others = (b.cpu_ns - a.cpu_ns) - (b.own_ns - a.own_ns)
+    return max(0, (b.waited_ns - a.waited_ns) - max(0, others))

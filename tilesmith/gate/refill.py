@@ -28,11 +28,11 @@ MAX_BYTES = 16 << 30  # written per sample, at most
 
 
 def enabled() -> bool:
-    """Whether CPU samples get their values from the parent (TILESMITH_GATE_REFILL=1). Off by default: the sample then
-    starts as the parent lets the stopped worker run, and on a loaded machine the worker's wait for a CPU after that
-    is in the sample too: in the CPU suite (two test processes on 2 cores) honest wins were rejected as not faster
-    (a 1.40x one with a 0.93x lower bound), where the window's own marks start the sample when it is off. Off, CPU
-    workers refill their own buffers, untimed, as a CUDA graph's worker does."""
+    """Whether CPU samples get their values from the parent (on unless TILESMITH_GATE_REFILL=0). The sample then starts
+    as the parent lets the stopped worker run, less the wait for a CPU after that which the machine's other work made
+    (procfs.forgiven_ns): without that, honest wins were rejected in the CPU suite (two test processes on 2 cores; a
+    1.40x one with a 0.93x lower bound). Off, CPU workers refill their own buffers, untimed, as a CUDA graph's worker
+    does."""
     from tilesmith import settings
 
     return settings.current().gate_refill

@@ -154,16 +154,17 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     short: dict = {"apart": [], "candidate": [], "beside": []}  # worker's number shorter than its marked window (ns)
     pre: dict = {"apart": [], "candidate": [], "beside": []}  # from the request's write to its window's start (ns)
     post: dict = {"apart": [], "candidate": [], "beside": []}  # from its window's end to the parent's stop (ns)
+    waited: dict = {"apart": [], "candidate": [], "beside": []}  # a filled sample's wait for a CPU, taken out (ns)
     k = 0
     timeout_s = max(60.0, 20 * reps * (per_call_ns + gap_ns) / 1e9)
     sides = [(timer, base_role, b_all), (cand, "candidate", c_all)] + ([(cand, "baseline", i_all)] if beside else [])
     watching = timer is not cand and hasattr(cand, "cpu_ns")  # as _round decides where the idle watch runs
     for attempt in range(2):  # a second time where the original's own samples were implausible (_implausible)
-        for x in (b_all, c_all, i_all, *short.values(), *pre.values(), *post.values()):
+        for x in (b_all, c_all, i_all, *short.values(), *pre.values(), *post.values(), *waited.values()):
             x.clear()
         idle.update(cpu=0, wall=0)
         state, apart, near, k = _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, kept, pending,
-                                               idle, gap_ns, short, (pre, post), beside, watching)
+                                               idle, gap_ns, short, (pre, post, waited), beside, watching)
         if state == "forged":
             return None, [apart], kept
         # The candidate's own processes busy while the original ran is its doing, not the machine's: never measured
@@ -181,6 +182,9 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
         t.before_window_original_us = statistics.median(pre["apart"]) / 1e3
     t.inputs_from_parent = bool(getattr(cand, "stops", False) and getattr(cand, "values", None) is not None
                                 and getattr(timer, "values", None) is not None)
+    if waited["candidate"] and waited["apart"]:
+        t.waited_us = statistics.median(waited["candidate"]) / 1e3
+        t.waited_original_us = statistics.median(waited["apart"]) / 1e3
     if post["candidate"] and post["apart"]:
         t.after_window_us = statistics.median(post["candidate"]) / 1e3
         t.after_window_original_us = statistics.median(post["apart"]) / 1e3
@@ -292,6 +296,7 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
         if pre is not None:
             pre[0][side].append(s.pre_ns)
             pre[1][side].append(s.post_ns)
+            pre[2][side].append(s.waited_ns)
         if role == "candidate":
             keep = last or (len(kept) < MAX_CHECKED_SAMPLES and rng.random() < KEEP_PROBABILITY)
             pending["keep"] = keep

@@ -128,6 +128,9 @@ class Timing:
     # worker's outputs are read by the parent from the stopped process: gate/freeze.py); 0 where samples do not stop.
     after_window_us: float = 0.0
     after_window_original_us: float = 0.0
+    # Filled samples: the median wait for a CPU taken out of them (procfs.forgiven_ns), the candidate's and the original's
+    waited_us: float = 0.0
+    waited_original_us: float = 0.0
     # The parent wrote each sample's input values into the stopped worker and timed the sample from the moment it let
     # it run (gate/refill.py, CPU workers): the span before the window is then inside the sample, not beside it.
     inputs_from_parent: bool = False

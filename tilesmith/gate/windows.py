@@ -4,17 +4,17 @@ the sample's window opens and closes (proc._mark_socket). The number the worker 
 And its word on whether the original's samples could be measured at all (`implausible`).
 
 A sample's time is its marked window; on the CPU it ends instead when the parent stops the worker after the closing
-mark to read the outputs itself (gate/freeze.py), so that what any thread did after the window is timed; with
-TILESMITH_GATE_REFILL=1 it also starts when the parent lets the worker run after writing the sample's input values
-into it (gate/refill.py), so that what any thread did before the window is timed too. Otherwise (a GPU, where device
-memory is not in /proc; the CPU by default) the span from its request to that window holds the same work for every
-role (reading the request, refilling the same buffers with the same values, synchronising the device), and nothing of
-the candidate's runs on the worker's own thread there: no profile or trace function (the audit hook refuses one), no
-finalizer (the collector is off), no signal handler (none can be installed once the candidate has loaded:
-gate/worker/seccomp.py), and no torch mode or dispatcher kernel left by the warm-up (worker.op_time checks before the
-refill). A thread of the candidate's own (a native one: Python threads are seen by the checks after each request)
-could still run beside the refill and read the values it writes: work that is not timed, not closed yet (a Python
-thread that tried it came out not faster). That span is not compared between processes: honest spans differ by
+mark to read the outputs itself (gate/freeze.py), so that what any thread did after the window is timed; and it starts
+when the parent lets the worker run after writing the sample's input values into it (gate/refill.py), so that what any
+thread did before the window is timed too, less the serving thread's wait for a CPU that nothing in the worker's tree
+can have caused (procfs.forgiven_ns: on a loaded machine the thawed worker waits for a core). Otherwise (a GPU, where
+device memory is not in /proc; the CPU with TILESMITH_GATE_REFILL=0) the span from its request to that window holds the
+same work for every role (reading the request, refilling the same buffers with the same values, synchronising the
+device), and nothing of the candidate's runs on the worker's own thread there: no profile or trace function (the
+audit hook refuses one), no finalizer (the collector is off), no signal handler (none can be installed once the
+candidate has loaded: gate/worker/seccomp.py), and no torch mode or dispatcher kernel left by the warm-up
+(worker.op_time checks before the refill). A native thread of the candidate's own could still run beside the refill
+and read the values it writes, off the clock (tests/redteam_freeze.py): on a GPU, not closed yet. That span is not compared between processes: honest spans differ by
 hundreds of microseconds to milliseconds between two workers on a loaded machine (an A/A candidate's came 278 us later
 than the original's at the median on an H100 shared with other gate jobs, and 5.5 ms later on the 2-core CPU machine
 under load), which rejected honest code as work done off the clock when compared, and biased every decision against
@@ -26,6 +26,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from tilesmith.gate import procfs
 from tilesmith.gate.verdict import Reason
 
 
@@ -37,6 +38,7 @@ class Sample:
     pre_ns: int = 0  # from the request's write to the window's opening mark (0 where there are no marks)
     short_ns: int = 0  # how much shorter the worker's own number was than its marked window (reported only)
     post_ns: int = 0  # from the closing mark to the parent's stop, counted in ns (gate/freeze.py; 0 without a stop)
+    waited_ns: int = 0  # a filled sample's wait for a CPU that nothing of the worker's caused, taken out (procfs)
 
 
 def measured(worker, reply: dict, wall_ns: int, least_ns: int, filled: bool = False) -> tuple[Sample | None,
@@ -72,7 +74,10 @@ def measured(worker, reply: dict, wall_ns: int, least_ns: int, filled: bool = Fa
                 if sent is None or sent > marks[0]:
                     return None, Reason("timing-forged", "the timing worker's window opened before the parent let it "
                                                          "run with the sample's values")
-                s.ns = stop - sent
+                # Less the serving thread's wait for a CPU that the machine's other work, not the worker's, made
+                # (procfs.forgiven_ns): on a loaded machine the thawed worker waits for a core before it runs.
+                s.waited_ns = min(procfs.forgiven_ns(*getattr(worker, "sched", (None, None))), stop - sent - 1)
+                s.ns = stop - sent - s.waited_ns
     if s.ns < least_ns:
         return None, Reason("timing-forged", f"a sample of {s.ns / 1e6:.3f} ms is shorter than the {least_ns / 1e6:.3f} "
                                              "ms of the program's host time its calls had to spend: the wait was skipped")
