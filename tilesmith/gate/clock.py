@@ -78,6 +78,10 @@ WINDOW_MARK = b"|"
 LAYOUT_MARK, LAYOUT_PART, LAYOUT_CHUNK = b"L", b"l", 16384
 # A worker's first datagram on that socket, sent as it starts, before it loads anything: its pid, from the kernel.
 HELLO_MARK = b"H"
+# Where the parent writes a sample's input values itself (gate/refill.py): sent once the request is read and everything
+# before the window is done; the worker then waits for VALUES_GO, which the parent queues after writing the values into
+# the stopped worker, right before it lets it run (the sample's start).
+ARMED_MARK, VALUES_GO = b"V", b"R"
 MAX_GAP_NS = 50_000_000  # the program's host time between calls the gate spends per call, at most 50 ms
 
 

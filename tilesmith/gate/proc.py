@@ -23,7 +23,8 @@ from pathlib import Path
 
 from tilesmith.launch import sandbox
 from tilesmith import settings
-from tilesmith.gate.clock import HELLO_MARK, LAYOUT_CHUNK, LAYOUT_MARK, LAYOUT_PART, WINDOW_MARK
+from tilesmith.gate.clock import (ARMED_MARK, HELLO_MARK, LAYOUT_CHUNK, LAYOUT_MARK, LAYOUT_PART, VALUES_GO,
+                                  WINDOW_MARK)
 from tilesmith.gate.freeze import supported as freeze_supported
 from tilesmith.gate.worker import audit
 from tilesmith.gate.procfs import process_tree, tree_cpu_ns
@@ -135,6 +136,7 @@ class Worker:
         # The scheduler's account of the stopped tree as a filled sample started and as it ended (procfs.sched): the
         # serving thread's wait for a CPU in between that nothing of the worker's caused is not the sample's.
         self.sched: tuple = (None, None)
+        self._armed: int | None = 0  # None while a filled request waits for clock.ARMED_MARK, then the sender's pid
         self.frozen: object = None
         self.freeze_error = ""
         self.chosen: int | None = None  # the call the parent chose to check, with the worker stopped
@@ -167,7 +169,7 @@ class Worker:
             self.marks = []
         line = (json.dumps(msg) + "\n").encode()
         if fill is not None and self.stops:
-            self._filled_request(line, fill)
+            early = self._filled_request(line, fill, timeout_s)
         else:
             try:
                 self.sent_ns = time.time_ns()
@@ -176,7 +178,7 @@ class Worker:
             except (BrokenPipeError, OSError):
                 raise self._fail("crashed", "the worker exited before the request") from None
         if msg.get("freeze") and self.marks is not None:
-            early = self._stop_at_window_end(timeout_s, read)
+            early += self._stop_at_window_end(timeout_s, read)
         reply = self._read_line(timeout_s)
         if self.marks is not None:
             self.marks = early + self._drain_marks()  # sent before the reply, so queued before it arrived
@@ -198,25 +200,42 @@ class Worker:
             self.addresses.update(d["addresses"])
         return d
 
-    def _filled_request(self, line: bytes, fill) -> None:
-        """Stop the worker's tree, write the sample's values into it (`fill`), write the request, and let it run:
-        self.sent_ns, the sample's start, is taken right before the tree is let run (gate/refill.py)."""
+    def _filled_request(self, line: bytes, fill, timeout_s: float) -> list[int]:
+        """Write the request and wait for the worker to be ready for its values (clock.ARMED_MARK: everything before
+        the window done); then stop its tree, write the sample's values into it (`fill`), queue the go and let it
+        run: self.sent_ns, the sample's start, is taken right before (gate/refill.py). Returns the marks taken off the
+        socket meanwhile; returns early where the reply comes first (a request the worker refused)."""
         from tilesmith.gate import procfs, refill
 
-        if self.pid is None:
-            self._drain_marks()  # its first datagram, with its pid, may still be queued
+        try:
+            self.proc.stdin.write(line)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._fail("crashed", "the worker exited before the request") from None
+        got: list[int] = []
+        self._armed = None
+        deadline = time.monotonic() + timeout_s
+        while self._armed is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return got  # _read_line's own timeout then fails the request
+            ready, _, _ = select.select([self._marks_sock, self._r], [], [], min(left, 1.0))
+            if self._marks_sock in ready:
+                got += self._drain_marks()
+            elif self._r in ready:
+                return got
         pids: list[int] = []
         error = ""
         try:
             pids = procfs.freeze(self.proc.pid)
-            if self.pid not in pids:
-                raise refill.Unwritable("the worker's own pid is not known, or not in its process tree")
+            if self.pid not in pids or self._armed != self.pid:
+                raise refill.Unwritable("the worker's own pid is not known, not in its process tree, or not the one "
+                                        "that asked for the values")
             fill(self.pid)
-            self.proc.stdin.write(line)
-            self.proc.stdin.flush()
+            self._marks_sock.send(VALUES_GO)
             self.sched = (procfs.sched(pids, self.pid), None)
-        except (BrokenPipeError, OSError) as e:
-            error = f"the worker exited before the request ({e})"
+        except OSError as e:
+            error = f"the worker's mark socket is gone ({e})"
         except refill.Unwritable as e:
             error = str(e)
         finally:
@@ -226,6 +245,7 @@ class Worker:
             self.close()
             raise WorkerFailure("inputs-unwritable", "the parent could not write the sample's input values into the "
                                                      f"stopped worker: {error}"[:800])
+        return got
 
     def _stop_at_window_end(self, timeout_s: float, read) -> list[int]:
         """Wait for the layout the worker sends right after its window's closing mark, then stop its tree, choose the
@@ -323,6 +343,10 @@ class Worker:
                 if self.pid is None and pid:
                     self.pid = pid
                 continue
+            if data == ARMED_MARK:  # ready for the parent's values (_filled_request); a second one is not a window's
+                if self._armed is None:
+                    self._armed = pid or -1
+                    continue
             if data.startswith(audit.REFUSAL):  # the worker's audit hook refused something (gate/worker/audit.py)
                 self.refused += audit.refusals([data])
                 continue

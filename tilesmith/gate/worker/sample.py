@@ -176,7 +176,8 @@ def op_time(st: State, req: dict) -> dict:
 
     role, reps, k = req["role"], int(req["reps"]), int(req.get("start", 0))
     snapshot, digest, prims, timed_window, gc_on = _snapshot, outputs_digest, PRIMS, _timed_window, _gc_enable
-    tools, marks = _window_args(reps, snapshot, prims, TilesmithError, bool(req.get("freeze")))
+    filled = bool(req.get("filled"))
+    tools, marks = _window_args(reps, snapshot, prims, TilesmithError, bool(req.get("freeze")), filled)
     # The program's own host time before each call (gate.timed.program_gap_ns), read from this request before
     # any candidate code runs in it; the parent rejects a sample shorter than its calls' share of it.
     gap = max(0, min(clock.MAX_GAP_NS, int(req.get("gap_ns") or 0)))
@@ -199,7 +200,6 @@ def op_time(st: State, req: dict) -> dict:
     # Where the parent wrote the sample's values into the buffers itself, with this process stopped, and started the
     # sample's clock as it let it run (gate/refill.py), there is no refill here, and nothing before the window is
     # off the clock.
-    filled = bool(req.get("filled"))
     tuple_, map_, ddump, dtable, dnames, dtables, dstate = tools[-1]
     if not filled and tuple_(map_(ddump, dnames)) + tuple_(map_(dtable, dtables)) != dstate:
         raise TilesmithError("the candidate changes process state: it registers a kernel for an op the gate worker "
@@ -216,6 +216,8 @@ def op_time(st: State, req: dict) -> dict:
     grad_was = _grad_enabled()
     _set_grad(False)
     try:
+        if filled and marks is not None:  # the parent writes the values into this process, stopped, and starts the clock
+            marks[3]()
         ns, kept, kept_i, last = timed_window(window, gap, graph, ours, marks, tools)
     finally:
         _set_grad(grad_was)
@@ -232,9 +234,10 @@ def op_time(st: State, req: dict) -> dict:
     return {"ns": ns, "digest": crc}
 
 
-def _window_args(reps: int, snapshot, prims, error, freeze: bool = False) -> tuple:
+def _window_args(reps: int, snapshot, prims, error, freeze: bool = False, filled: bool = False) -> tuple:
     """op_time's window arguments (tools, marks), bound by op_time before the refill and the request's first
-    candidate call (see _timed_window)."""
+    candidate call (see _timed_window). marks: (send the window's mark, is the socket still ours, stop for the
+    parent's read of the outputs or None, wait for the parent's values or None)."""
     # The dispatcher's kernels for the ops the snapshot and digest run on the outputs (guard.dispatch_state),
     # compared inline before the refill and after the window's calls by C functions and builtins bound now (no Python
     # function whose code could be swapped and put back).
@@ -245,9 +248,19 @@ def _window_args(reps: int, snapshot, prims, error, freeze: bool = False) -> tup
     # and a check that the descriptor still is that socket (none where op_time runs without a parent, in a test).
     marks = ((functools.partial(_write, _MARK_FD, clock.WINDOW_MARK), functools.partial(_same_file, os.fstat, _MARK_FD,
                                                                                        _MARK_ID),
-              functools.partial(_stop_for_the_parent, _write, _read, _MARK_FD, _LAYOUT) if freeze else None)
+              functools.partial(_stop_for_the_parent, _write, _read, _MARK_FD, _LAYOUT) if freeze else None,
+              functools.partial(_await_values, _write, _read, _MARK_FD) if filled else None)
              if _MARK_FD >= 0 else None)
     return tools, marks
+
+
+def _await_values(write, read, fd: int) -> None:
+    """Everything before the window done, the sample's values not written yet: say so on the mark socket and wait,
+    doing nothing, for the parent's go. Meanwhile the parent stops this process and everything under it, writes the
+    values into its buffers (gate/refill.py), queues the go and lets it run: the sample's clock starts there, and no
+    harness work of this request (reading it, its checks) is inside it."""
+    write(fd, clock.ARMED_MARK)
+    read(fd, 16)
 
 
 def _stop_for_the_parent(write, read, fd: int, prims: tuple, held: list, tensor, type_, seqs) -> int:
