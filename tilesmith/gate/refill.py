@@ -6,12 +6,15 @@ values (from the serving thread's frames) and compute every timed call's outputs
 the window then only answered from memory (tests/redteam_freeze.py). Now, where the parent stops the worker at the
 window's end (gate/freeze.py), it also starts the sample with the worker stopped:
 
-1. it stops the worker's process tree (it waits for the request, its warm-up answered);
-2. writes each buffer set's new values into the worker's memory (/proc/PID/mem), computed here exactly as the worker
-   would have computed them (`values`: the pool content's span, then the sample's perturbation; the original's checks
-   rebuild the same values with worker.sample._set_content, and a test holds the two equal bit for bit);
-3. writes the request, notes the time and lets the tree run: the sample starts there. Whatever any thread of the
-   candidate's does once the values exist is inside the sample's time.
+1. it writes the request; the worker reads it, does everything that comes before the window and says it is ready
+   for its values (clock.ARMED_MARK), then waits;
+2. the parent stops the worker's process tree and writes each buffer set's new values into the worker's memory
+   (/proc/PID/mem), computed here exactly as the worker would have computed them (`values`: the pool content's span,
+   then the sample's perturbation; the original's checks rebuild the same values with worker.sample._set_content, and
+   a test holds the two equal bit for bit);
+3. queues the go (clock.VALUES_GO), notes the time and lets the tree run: the sample starts there. Whatever any thread
+   of the candidate's does once the values exist is inside the sample's time, less the serving thread's wait for a
+   CPU that nothing in the worker's tree can have caused (procfs.forgiven_ns).
 
 The buffers' addresses come from the worker's answer to its timing setup (its own report, so a candidate could name
 other memory: then its calls read values the parent did not write, and their outputs differ from the original's on
