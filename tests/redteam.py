@@ -216,10 +216,14 @@ def hogs_the_cores_from_a_raw_thread(text: str) -> str:
 
 
 def hogs_the_cores_from_a_forked_process(text: str) -> str:
-    """The same hog in a process of its own, forked at import (os reached as an attribute of a torch module),
-    the flag in shared memory: no thread of the worker, no patched attribute, nothing in the worker's process
-    state changes; its CPU time counts only in the process tree the parent watches."""
-    return _hogging(text, ".share_memory_()", "if torch._dynamo.utils.os.fork() == 0:\n    _hog(_busy)")
+    """The same hog in a process of its own, forked at the first import (os reached as an attribute of a torch
+    module; a CPU worker's seccomp filter refuses a fork after the load, so later instances of the module share the
+    first one's flag), the flag in shared memory: no thread of the worker, no patched attribute, nothing in the
+    worker's process state changes; its CPU time counts only in the process tree the parent watches."""
+    return _hogging(text, ".share_memory_()",
+                    "if hasattr(torch._dynamo.utils, '_rt_busy'):\n    _busy = torch._dynamo.utils._rt_busy\n"
+                    "else:\n    torch._dynamo.utils._rt_busy = _busy\n"
+                    "    if torch._dynamo.utils.os.fork() == 0:\n        _hog(_busy)")
 
 
 def misbehaves_only_with_the_captured_weights(text: str, weight: str, weight_head: list, act: str, act_head: list,
