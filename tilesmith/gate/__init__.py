@@ -18,7 +18,7 @@ from tilesmith import paths
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.context import DecisionContext, StageClock
 from tilesmith.gate.original import Reference, load_raw, save_sets
-from tilesmith.gate import timed
+from tilesmith.gate import refill as parent_refill, timed
 from tilesmith.gate.modes import own_replay, resolve_mode, role_modes
 from tilesmith.gate.proc import WorkerFailure, usable_cores
 from tilesmith.gate.verdict import MODES, STAGES, Pass, Policy, Reason, SetCorrectness, Timing, Verdict
@@ -242,8 +242,11 @@ def _load(ctx: DecisionContext, prep: _Prepared, key: str):
         best.write_bytes(ctx.timing_base.read_bytes())
         base = {"baseline_file": str(best)}
     with clock(f"{key}.load"):
+        # Where the parent writes the samples' values and takes the wait for a CPU out of them (gate/refill.py), the
+        # worker may start no process once the candidate has loaded (procfs.forgiven_ns needs every child's time).
+        no_processes = bool(getattr(w, "stops", False)) and parent_refill.enabled()
         rep = w.request({"op": "load", "graph_dir": str(ctx.gdir), "candidate": str(cand), "device": ctx.device,
-                         **base}, ctx.policy.load_timeout_s)
+                         "no_processes": no_processes, **base}, ctx.policy.load_timeout_s)
     why = rep.get("seccomp") if isinstance(rep, dict) else None
     if why and not any(x.code == "seccomp" for x in ctx.warnings):  # the other lines still hold (gate/seccomp.py)
         ctx.warnings.append(Reason("seccomp", f"the candidate's worker runs without its seccomp filter: {why}"[:300]))

@@ -49,11 +49,12 @@ def op_load(st: State, req: dict) -> dict:
         # A thunk loading the module again: the timed calls run on a fresh instance (op_time_setup).
         st.loaders["candidate"] = lambda: loading.load_module(text, consts()).call
         st.fns["candidate"] = st.loaders["candidate"]()
-        # From here on no signal handler can be installed, nor a timer armed, nor (on the CPU) a process started, by
-        # anything in this process: the kernel refuses (gate/worker/seccomp.py). One the load itself left behind, the
+        # From here on no signal handler can be installed, nor a timer armed, nor (on the CPU, where the parent writes
+        # the samples' values: no_processes) a process started, by anything in this process: the kernel refuses
+        # (gate/worker/seccomp.py). One the load itself left behind, the
         # checks after this request find.
         if st.seccomp is None:
-            st.seccomp = seccomp.install(processes=str(st.device).startswith("cpu"))
+            st.seccomp = seccomp.install(processes=bool(req.get("no_processes")) and str(st.device).startswith("cpu"))
         return {"load_ns": _perf_ns() - t0, "seccomp": st.seccomp}
     return {"load_ns": _perf_ns() - t0}
 
