@@ -221,8 +221,9 @@ def hogs_the_cores_from_a_forked_process(text: str) -> str:
     first one's flag), the flag in shared memory: no thread of the worker, no patched attribute, nothing in the
     worker's process state changes; its CPU time counts only in the process tree the parent watches."""
     return _hogging(text, ".share_memory_()",
-                    "if hasattr(torch._dynamo.utils, '_rt_busy'):\n    _busy = torch._dynamo.utils._rt_busy\n"
-                    "else:\n    torch._dynamo.utils._rt_busy = _busy\n"
+                    "import string as _string\n"
+                    "if getattr(_string, 'rtbusy', None) is not None:\n    _busy = _string.rtbusy\n"
+                    "else:\n    _string.rtbusy = _busy\n"
                     "    if torch._dynamo.utils.os.fork() == 0:\n        _hog(_busy)")
 
 
