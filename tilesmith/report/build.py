@@ -143,11 +143,21 @@ def _timing_notes(verdicts) -> list[str]:
                    f"(median), the original's {_f(w.get('window_short_original_us')) or 0.0:.0f} us; its windows "
                    f"opened {abs(late):.0f} us {'later' if late >= 0 else 'sooner'} after their requests than the "
                    + ("original's (median; inside the samples: the gate wrote each sample's inputs into the stopped "
-                      "worker and timed it from there, gate/refill.py)" if w.get("inputs_from_parent") else
+                      "worker and timed it from there, gate/refill.py" + _waited(w) + ")"
+                      if w.get("inputs_from_parent") else
                       "original's (median; the span before a window is reported, not charged: gate/windows.py)"))
     if note := _nonfinite_note([v for _, v, _ in verdicts if v.get("accepted")]):
         out.append(note)
     return out
+
+
+def _waited(timing: dict) -> str:
+    """The wait for a CPU taken out of filled samples (gate/procfs.forgiven_ns), where there was any."""
+    cand, orig = _f(timing.get("waited_us")) or 0.0, _f(timing.get("waited_original_us")) or 0.0
+    if not cand and not orig:
+        return ""
+    return (f"; less each sample's wait for a CPU that the machine's other work made: {cand:.0f} us the candidate's, "
+            f"{orig:.0f} us the original's (median)")
 
 
 def _nonfinite_note(accepted: list[dict]) -> str:
