@@ -44,7 +44,7 @@ def test_unset_settings_take_their_documented_defaults():
                                                                                          False)
     assert s.rewrites == ""  # the tuner's graph rewrites are off unless TILESMITH_REWRITES turns them on
     assert s.in_place is settings.IN_PLACE_DEFAULT
-    assert s.gate_refill is True  # the parent refills CPU samples unless TILESMITH_GATE_REFILL=0 turns it off
+    assert s.gate_refill is False  # the parent refills CPU samples where TILESMITH_GATE_REFILL=1 turns it on
     assert settings.current({"TILESMITH_GATE_REFILL": "0"}).gate_refill is False
     assert settings.current({"TILESMITH_GATE_REFILL": "1"}).gate_refill is True
     assert settings.current({"TILESMITH_IN_PLACE": "0"}).in_place is False
