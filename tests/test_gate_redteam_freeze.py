@@ -16,7 +16,7 @@ Each was accepted before the defence that now rejects it:
   whichever call the parent reads is right (accepted 2 of 2 with the parent's choice and the worker's own refill:
   1.76x low 1.25x, 1.86x low 1.35x, 38 and 40 checked calls right; its refill took 4.1-4.6 ms against the
   original's 2.9 ms). Now the parent writes each sample's values into the stopped worker and times the sample from
-  the moment it lets it run (gate/refill.py, on by default; these tests set it all the same): the same work was inside
+  the moment it lets it run (gate/refill.py, TILESMITH_GATE_REFILL=1, which these tests set): the same work was inside
   the sample (0.87x, not-faster); since the worker is ready for its values before they are written, no refill runs
   in it, and its memo keyed on addresses answers with the last sample's values (wrong-values-in-timing);
 - hands_its_work_to_a_child_while_it_waits: against that start's allowance for the wait for a CPU (procfs.forgiven_ns),

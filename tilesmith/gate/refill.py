@@ -31,11 +31,12 @@ MAX_BYTES = 16 << 30  # written per sample, at most
 
 
 def enabled() -> bool:
-    """Whether CPU samples get their values from the parent (on unless TILESMITH_GATE_REFILL=0). The sample then starts
-    as the parent lets the stopped worker run, less the wait for a CPU after that which the machine's other work made
-    (procfs.forgiven_ns): without that, honest wins were rejected in the CPU suite (two test processes on 2 cores; a
-    1.40x one with a 0.93x lower bound). Off, CPU workers refill their own buffers, untimed, as a CUDA graph's worker
-    does."""
+    """Whether CPU samples get their values from the parent (TILESMITH_GATE_REFILL=1). The sample then starts as the
+    parent lets the stopped worker run, less the wait for a CPU after that which the machine's other work made
+    (procfs.forgiven_ns). Off by default: no GPU smoke has run the code that turns it on yet, and in the CPU suite
+    (two test processes on 2 cores) honest wins of small graphs were rejected with it (the span from the go to the
+    window, 90-120 us, is in both sides' samples, and a CPU worker's OpenMP threads' work counts against its wait).
+    Off, CPU workers refill their own buffers, untimed, as a CUDA graph's worker does."""
     from tilesmith import settings
 
     return settings.current().gate_refill

@@ -4,11 +4,12 @@ the sample's window opens and closes (proc._mark_socket). The number the worker 
 And its word on whether the original's samples could be measured at all (`implausible`).
 
 A sample's time is its marked window; on the CPU it ends instead when the parent stops the worker after the closing
-mark to read the outputs itself (gate/freeze.py), so that what any thread did after the window is timed; and it starts
-when the parent lets the worker run after writing the sample's input values into it (gate/refill.py), so that what any
+mark to read the outputs itself (gate/freeze.py), so that what any thread did after the window is timed; and, with
+TILESMITH_GATE_REFILL=1, it starts when the parent lets the worker run after writing the sample's input values into it
+(gate/refill.py), so that what any
 thread did before the window is timed too, less the serving thread's wait for a CPU that nothing in the worker's tree
 can have caused (procfs.forgiven_ns: on a loaded machine the thawed worker waits for a core). Otherwise (a GPU, where
-device memory is not in /proc; the CPU with TILESMITH_GATE_REFILL=0) the span from its request to that window holds the
+device memory is not in /proc; the CPU by default) the span from its request to that window holds the
 same work for every role (reading the request, refilling the same buffers with the same values, synchronising the
 device), and nothing of the candidate's runs on the worker's own thread there: no profile or trace function (the
 audit hook refuses one), no finalizer (the collector is off), no signal handler (none can be installed once the
