@@ -78,7 +78,8 @@ def test_gate_rejects_a_cheat_that_chooses_which_call_is_checked(inf_graph, tmp_
     t = v.first.timing if v.first else None
     assert not v.accepted, f"accepted at {t.speedup:.2f}x (low {t.speedup_low:.2f}x)" if t else v
     assert v.stage == "timing", v.reasons
-    # On a loaded machine a cheat may not even show itself faster: the checks of its values then never run.
-    assert v.codes == [code] or v.codes == ["not-faster"], v.reasons
+    # On a loaded machine a cheat may not even show itself faster: the checks of its values then never run. Or its
+    # native thread is still running when the worker's checks after a request look (seen once in the suite).
+    assert v.codes in ([code], ["not-faster"], ["process-state"]), v.reasons
     if request.node.callspec.id.endswith("-parent-refill"):
         assert t is not None and t.inputs_from_parent
