@@ -137,6 +137,7 @@ class Worker:
         # serving thread's wait for a CPU in between that nothing of the worker's caused is not the sample's.
         self.sched: tuple = (None, None)
         self._armed: int | None = 0  # None while a filled request waits for clock.ARMED_MARK, then the sender's pid
+        self._serving_tid: int | None = None  # the thread that sent it: the one whose wait for a CPU is read
         self.frozen: object = None
         self.freeze_error = ""
         self.chosen: int | None = None  # the call the parent chose to check, with the worker stopped
@@ -233,7 +234,7 @@ class Worker:
                                         "that asked for the values")
             fill(self.pid)
             self._marks_sock.send(VALUES_GO)
-            self.sched = (procfs.sched(pids, self.pid), None)
+            self.sched = (procfs.sched(pids, self.pid, self._serving_tid), None)
         except OSError as e:
             error = f"the worker's mark socket is gone ({e})"
         except refill.Unwritable as e:
@@ -275,7 +276,7 @@ class Worker:
             if self.sched[0] is not None:  # a filled sample: the scheduler's account at its end too
                 from tilesmith.gate import procfs
 
-                self.sched = (self.sched[0], procfs.sched(pids, pid))
+                self.sched = (self.sched[0], procfs.sched(pids, pid, self._serving_tid))
             parsed = freeze.parse(layout)
             # Drawn here, in the parent, once the calls have run and the worker is stopped: every call equally
             # likely, and no code in the worker's process saw the draw or could steer it.
@@ -343,9 +344,9 @@ class Worker:
                 if self.pid is None and pid:
                     self.pid = pid
                 continue
-            if data == ARMED_MARK:  # ready for the parent's values (_filled_request); a second one is not a window's
-                if self._armed is None:
-                    self._armed = pid or -1
+            if data[:1] == ARMED_MARK and len(data) == 5:  # ready for the parent's values (_filled_request), with the
+                if self._armed is None:  # serving thread's id; a second one is not a window's (the sample is forged)
+                    self._armed, self._serving_tid = pid or -1, int.from_bytes(data[1:], "little")
                     continue
             if data.startswith(audit.REFUSAL):  # the worker's audit hook refused something (gate/worker/audit.py)
                 self.refused += audit.refusals([data])

@@ -148,9 +148,9 @@ class Sched:
     tasks: frozenset  # (pid, tid) of every thread of the tree
 
 
-def sched(pids: list[int], serving: int) -> Sched | None:
-    """The tree `pids` (stopped) as the scheduler accounts for it; `serving`: the pid whose main thread serves the
-    gate's requests. None where any of it cannot be read."""
+def sched(pids: list[int], serving: int, tid: int | None = None) -> Sched | None:
+    """The tree `pids` (stopped) as the scheduler accounts for it; `serving`: the pid whose thread `tid` (its main
+    thread where None) serves the gate's requests. None where any of it cannot be read."""
     import time
 
     tasks, cpu, reaped, mine = set(), 0, 0, None
@@ -163,7 +163,7 @@ def sched(pids: list[int], serving: int) -> Sched | None:
             with open(f"/proc/{p}/stat", "rb") as f:
                 raw = f.read()
             reaped += sum(int(x) for x in raw[raw.rindex(b")") + 2:].split()[13:15])  # cutime, cstime
-        with open(f"/proc/{serving}/task/{serving}/schedstat", "rb") as f:
+        with open(f"/proc/{serving}/task/{tid or serving}/schedstat", "rb") as f:
             mine = [int(x) for x in f.read().split()[:2]]
     except (OSError, ValueError, IndexError):
         return None

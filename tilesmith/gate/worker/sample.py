@@ -12,6 +12,7 @@ import array
 import functools
 import gc
 import os
+from threading import get_native_id as _native_id
 
 import torch
 
@@ -249,17 +250,18 @@ def _window_args(reps: int, snapshot, prims, error, freeze: bool = False, filled
     marks = ((functools.partial(_write, _MARK_FD, clock.WINDOW_MARK), functools.partial(_same_file, os.fstat, _MARK_FD,
                                                                                        _MARK_ID),
               functools.partial(_stop_for_the_parent, _write, _read, _MARK_FD, _LAYOUT) if freeze else None,
-              functools.partial(_await_values, _write, _read, _MARK_FD) if filled else None)
+              functools.partial(_await_values, _write, _read, _MARK_FD, _native_id()) if filled else None)
              if _MARK_FD >= 0 else None)
     return tools, marks
 
 
-def _await_values(write, read, fd: int) -> None:
-    """Everything before the window done, the sample's values not written yet: say so on the mark socket and wait,
+def _await_values(write, read, fd: int, tid: int) -> None:
+    """Everything before the window done, the sample's values not written yet: say so on the mark socket, with the id
+    of this thread (the one serving requests: on the CPU not the process's main thread, which is parked), and wait,
     doing nothing, for the parent's go. Meanwhile the parent stops this process and everything under it, writes the
     values into its buffers (gate/refill.py), queues the go and lets it run: the sample's clock starts there, and no
     harness work of this request (reading it, its checks) is inside it."""
-    write(fd, clock.ARMED_MARK)
+    write(fd, clock.ARMED_MARK + tid.to_bytes(4, "little"))
     read(fd, 16)
 
 
