@@ -146,6 +146,8 @@ class Sched:
     cpu_ns: int  # every process of the tree: its threads' CPU time, live or ended (the process's CPU clock)
     reaped: int  # every process's reaped children's CPU time, in clock ticks (cutime + cstime)
     tasks: frozenset  # (pid, tid) of every thread of the tree
+    threads: tuple = ()  # ((pid, tid), CPU time, run delay) of every thread, from its schedstat, in ns
+    cpus: int = 0  # how many CPUs the tree's threads may run on, all together (their affinities' union)
 
 
 def sched(pids: list[int], serving: int, tid: int | None = None) -> Sched | None:
@@ -153,11 +155,15 @@ def sched(pids: list[int], serving: int, tid: int | None = None) -> Sched | None
     thread where None) serves the gate's requests. None where any of it cannot be read."""
     import time
 
-    tasks, cpu, reaped, mine = set(), 0, 0, None
+    tasks, cpu, reaped, mine, threads, allowed = set(), 0, 0, None, [], set()
     try:
         for p in pids:
             for t in os.listdir(f"/proc/{p}/task"):
                 tasks.add((p, int(t)))
+                with open(f"/proc/{p}/task/{t}/schedstat", "rb") as f:
+                    run, delay = (int(x) for x in f.read().split()[:2])
+                threads.append(((p, int(t)), run, delay))
+                allowed |= os.sched_getaffinity(int(t))
             # A process's CPU clock, readable for any process in our PID namespace: ns, ended threads included.
             cpu += time.clock_gettime_ns(((~p) << 3) | 2)  # CPUCLOCK_SCHED of the whole process (posix-cpu-timers)
             with open(f"/proc/{p}/stat", "rb") as f:
@@ -167,15 +173,27 @@ def sched(pids: list[int], serving: int, tid: int | None = None) -> Sched | None
             mine = [int(x) for x in f.read().split()[:2]]
     except (OSError, ValueError, IndexError):
         return None
-    return Sched(mine[1], mine[0], cpu, reaped, frozenset(tasks))
+    return Sched(mine[1], mine[0], cpu, reaped, frozenset(tasks), tuple(sorted(threads)), len(allowed))
 
 
-def forgiven_ns(a: Sched | None, b: Sched | None) -> int:
-    """Of the serving thread's wait for a CPU between a and b, the part that no thread or process of the tree can
-    have caused: the wait less every other thread's CPU time meanwhile (a thread of the candidate's that took the
-    serving thread's core, or worked while it waited, is charged in full). 0 where the tree's threads or processes
-    changed, or a reaped child's time grew: work that would not be counted."""
-    if a is None or b is None or a.tasks != b.tasks or a.reaped != b.reaped:
+def forgiven_ns(a: Sched | None, b: Sched | None, span_ns: int) -> int:
+    """Of a sample that spanned `span_ns` between a and b, the part that was the machine's wait for a CPU: as long as
+    the thread that waited least of those that ran meanwhile (each was runnable and not running at least that long),
+    but never so much that the sample falls below what the tree's work takes on an idle machine: its busiest thread's
+    CPU time, and all its threads' CPU time over the CPUs they may use. So nothing of the candidate's gains by it:
+    threads that crowd one another onto the worker's cores are counted over those cores, and one that works while
+    another waits is counted in full (spinning to stay runnable costs CPU time, which is counted). 0 where the tree's
+    threads or processes changed, or a reaped child's time grew: work that would not be counted."""
+    if a is None or b is None or a.tasks != b.tasks or a.reaped != b.reaped or not b.threads:
         return 0
-    others = (b.cpu_ns - a.cpu_ns) - (b.own_ns - a.own_ns)
-    return max(0, (b.waited_ns - a.waited_ns) - max(0, others))
+    before = {t: (run, delay) for t, run, delay in a.threads}
+    ran = []
+    for t, run, delay in b.threads:
+        r0, d0 = before.get(t, (run, delay))
+        if run > r0:
+            ran.append((run - r0, delay - d0))
+    if not ran:
+        return 0
+    work = max(0, b.cpu_ns - a.cpu_ns)
+    floor = max(max(r for r, _ in ran), -(-work // max(1, b.cpus, a.cpus)))
+    return max(0, min(min(d for _, d in ran), span_ns - floor))

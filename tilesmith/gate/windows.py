@@ -77,7 +77,7 @@ def measured(worker, reply: dict, wall_ns: int, least_ns: int, filled: bool = Fa
                                                          "run with the sample's values")
                 # Less the serving thread's wait for a CPU that the machine's other work, not the worker's, made
                 # (procfs.forgiven_ns): on a loaded machine the thawed worker waits for a core before it runs.
-                s.waited_ns = min(procfs.forgiven_ns(*getattr(worker, "sched", (None, None))), stop - sent - 1)
+                s.waited_ns = min(procfs.forgiven_ns(*getattr(worker, "sched", (None, None)), stop - sent), stop - sent - 1)
                 s.ns = stop - sent - s.waited_ns
     if s.ns < least_ns:
         return None, Reason("timing-forged", f"a sample of {s.ns / 1e6:.3f} ms is shorter than the {least_ns / 1e6:.3f} "
