@@ -465,8 +465,8 @@ def _by_the_child(args):
 def hands_its_work_to_a_child_while_it_waits(text: str) -> str:
     """Every call's work done by a child process forked at import while the caller, yielding its core, waits in the
     run queue: the serving thread's wait is the scheduler's run delay, which the parent takes out of a filled sample
-    where the machine's other work caused it (procfs.forgiven_ns). The children are in the worker's tree, and their
-    CPU time is charged against that wait. (A child forked after the load is refused by the worker's seccomp filter;
+    where the machine's other work caused it (procfs.forgiven_ns). The children are in the worker's tree: they ran,
+    and a wait is only taken out as long as every thread that ran waited, never below the tree's CPU time. (A child forked after the load is refused by the worker's seccomp filter;
     one that worked and was reaped within a sample would leave nothing to charge.)"""
     text = text.replace("    def call(self, args):\n", '''    def call(self, args):
         return _by_the_child(args)

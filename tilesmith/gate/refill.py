@@ -13,8 +13,8 @@ window's end (gate/freeze.py), it also starts the sample with the worker stopped
    then the sample's perturbation; the original's checks rebuild the same values with worker.sample._set_content, and
    a test holds the two equal bit for bit);
 3. queues the go (clock.VALUES_GO), notes the time and lets the tree run: the sample starts there. Whatever any thread
-   of the candidate's does once the values exist is inside the sample's time, less the serving thread's wait for a
-   CPU that nothing in the worker's tree can have caused (procfs.forgiven_ns).
+   of the candidate's does once the values exist is inside the sample's time, less the wait for a CPU that the
+   machine made, never below the work the tree did over its CPUs (procfs.forgiven_ns).
 
 The buffers' addresses come from the worker's answer to its timing setup (its own report, so a candidate could name
 other memory: then its calls read values the parent did not write, and their outputs differ from the original's on
@@ -35,7 +35,7 @@ def enabled() -> bool:
     parent lets the stopped worker run, less the wait for a CPU after that which the machine's other work made
     (procfs.forgiven_ns). Off by default: no GPU smoke has run the code that turns it on yet, and in the CPU suite
     (two test processes on 2 cores) honest wins of small graphs were rejected with it (the span from the go to the
-    window, 90-120 us, is in both sides' samples, and a CPU worker's OpenMP threads' work counts against its wait).
+    window, 90-120 us, is in both sides' samples), and beside two CPU hogs a 1.3x win was accepted 4 times in 10.
     Off, CPU workers refill their own buffers, untimed, as a CUDA graph's worker does."""
     from tilesmith import settings
 

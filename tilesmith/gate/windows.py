@@ -6,9 +6,9 @@ And its word on whether the original's samples could be measured at all (`implau
 A sample's time is its marked window; on the CPU it ends instead when the parent stops the worker after the closing
 mark to read the outputs itself (gate/freeze.py), so that what any thread did after the window is timed; and, with
 TILESMITH_GATE_REFILL=1, it starts when the parent lets the worker run after writing the sample's input values into it
-(gate/refill.py), so that what any thread did before the window is timed too, less the serving thread's wait for a
-CPU that nothing in the worker's tree can have caused (procfs.forgiven_ns: on a loaded machine the thawed worker waits
-for a core). Otherwise (a GPU, where device memory is not in /proc; the CPU by default) the span from its request to
+(gate/refill.py), so that what any thread did before the window is timed too, less the wait for a CPU that the
+machine made (procfs.forgiven_ns: on a loaded machine the thawed worker waits for a core), never below the work its
+threads did over their CPUs. Otherwise (a GPU, where device memory is not in /proc; the CPU by default) the span from its request to
 that window holds the same work for every role (reading the request, refilling the same buffers with the same values,
 synchronising the device), and nothing of the candidate's runs on the worker's own thread there: no profile or trace
 function (the audit hook refuses one), no finalizer (the collector is off), no signal handler (none can be installed
@@ -75,8 +75,8 @@ def measured(worker, reply: dict, wall_ns: int, least_ns: int, filled: bool = Fa
                 if sent is None or sent > marks[0]:
                     return None, Reason("timing-forged", "the timing worker's window opened before the parent let it "
                                                          "run with the sample's values")
-                # Less the serving thread's wait for a CPU that the machine's other work, not the worker's, made
-                # (procfs.forgiven_ns): on a loaded machine the thawed worker waits for a core before it runs.
+                # Less the wait for a CPU that the machine's other work, not the worker's, made (procfs.forgiven_ns):
+                # on a loaded machine the thawed worker waits for a core before it runs.
                 s.waited_ns = min(procfs.forgiven_ns(*getattr(worker, "sched", (None, None)), stop - sent), stop - sent - 1)
                 s.ns = stop - sent - s.waited_ns
     if s.ns < least_ns:
