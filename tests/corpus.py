@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import gate_helpers
 from tests.conftest import EXAMPLES, FIXTURES, run_capture_subprocess
 
 MODEL = FIXTURES / "corpus_model.py"
@@ -107,7 +108,7 @@ def judged(graph: Path, text: str, tmp: Path, case: str, **policy):
     v = judge(graph, cand, Policy(**{"time_budget_s": 12.0, **policy}))
     problem = false_rejection(v, case)
     record(graph, case, v, problem, time.monotonic() - t0)
-    if case == "win" and not_shown(v):
+    if case == "win" and gate_helpers.not_shown(v):
         # Measured faster but not beyond the noise: on a loaded machine (another test suite beside this one) a 1.7x
         # win read a lower bound of 0.92x. Judged once more, as a user would; both decisions are recorded.
         t0 = time.monotonic()
@@ -115,12 +116,6 @@ def judged(graph: Path, text: str, tmp: Path, case: str, **policy):
         problem = false_rejection(v, case)
         record(graph, case, v, problem, time.monotonic() - t0)
     return v, problem
-
-
-def not_shown(v) -> bool:
-    """A verdict of `not-faster` alone whose measured speedup is above 1: faster, but not shown beyond the noise."""
-    t = getattr(v.first, "timing", None) if v.first else None
-    return v.codes == ["not-faster"] and t is not None and (t.speedup or 0) > 1.0
 
 
 def slowed_copy(graph: Path, dest: Path, times: int = 3) -> Path:

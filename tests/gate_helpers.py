@@ -27,6 +27,27 @@ def settled(decide):
     return decide() if v.codes == ["unstable-timing"] else v
 
 
+def shown(decide):
+    """`decide()` (a gate decision, or a submit's result) made once more where the candidate was measured faster but
+    not shown beyond the noise (not_shown). A user would run it again. Seen with two test suites side by side on the
+    2 cores: a 2.1x win read a lower bound of 0.95x in a 16 s budget, a 2.5x win 0.64x in 2 s."""
+    r = decide()
+    return decide() if not_shown(r) else r
+
+
+def not_shown(r) -> bool:
+    """Whether the verdict (a Verdict, or a submit's result holding one as a dict) is `not-faster` alone with a
+    measured speedup above 1: faster, but not beyond the noise."""
+    v = r.verdict if isinstance(getattr(r, "verdict", None), dict) else None
+    if v is not None:
+        codes = [x.get("code") for x in v.get("reasons", [])]
+        speedup = ((v.get("first") or {}).get("timing") or {}).get("speedup") or 0
+    else:
+        codes, t = r.codes, (getattr(r.first, "timing", None) if r.first else None)
+        speedup = getattr(t, "speedup", 0) or 0
+    return codes == ["not-faster"] and speedup > 1.0
+
+
 def graph_of(ws: Path) -> Path:
     """The single graph directory of a workspace."""
     dirs = sorted((Path(ws) / "graphs").iterdir())

@@ -143,8 +143,10 @@ def test_gate_accepted_faster_candidate_is_installed_and_runs_on_cold_and_warm_i
     # 16 s of timing: the original is memory-bound over 16 MB buffers, and with the other test worker loading the
     # VM's memory its samples ranged 13-84 ms in one run; 7 samples in 8 s then left the lower bound at 0 (a 3-11x
     # win rejected as not shown to be faster, twice in full suites on session 20's code; 12 samples alone).
-    result = submit(slow_ws / "graphs" / slow_key, fast_ws / "graphs" / fast_key / "wrapper.py",
-                    Policy(time_budget_s=16.0))
+    # And once more where it was measured faster but not shown beyond the noise (gate_helpers.shown): with another
+    # suite beside this one a 2.1x win read a 0.95x lower bound in 16 s.
+    result = h.shown(lambda: submit(slow_ws / "graphs" / slow_key, fast_ws / "graphs" / fast_key / "wrapper.py",
+                                    Policy(time_budget_s=16.0)))
     assert result.accepted, result.verdict["reasons"]
     installed = install(result.run_id)
     assert [(g.key, g.status) for g in installed.graphs] == [(slow_key, "installed")]
