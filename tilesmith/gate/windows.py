@@ -5,21 +5,21 @@ And its word on whether the original's samples could be measured at all (`implau
 
 A sample's time is its marked window; on the CPU it ends instead when the parent stops the worker after the closing
 mark to read the outputs itself (gate/freeze.py), so that what any thread did after the window is timed; and, with
-TILESMITH_GATE_REFILL=1, it starts when the parent lets the worker run after writing the sample's input values into it
-(gate/refill.py), so that what any thread did before the window is timed too, less the wait for a CPU that the
+TILESMITH_GATE_REFILL=1, it starts when the parent lets the worker run after writing the sample's input values into
+it (gate/refill.py), so that what any thread did before the window is timed too, less the wait for a CPU that the
 machine made (procfs.forgiven_ns: on a loaded machine the thawed worker waits for a core), never below the work its
-threads did over their CPUs. Otherwise (a GPU, where device memory is not in /proc; the CPU by default) the span from its request to
-that window holds the same work for every role (reading the request, refilling the same buffers with the same values,
-synchronising the device), and nothing of the candidate's runs on the worker's own thread there: no profile or trace
-function (the audit hook refuses one), no finalizer (the collector is off), no signal handler (none can be installed
-once the candidate has loaded: gate/worker/seccomp.py), and no torch mode or dispatcher kernel left by the warm-up
-(worker.op_time checks before the refill). A native thread of the candidate's own could still run beside the refill
-and read the values it writes, off the clock (tests/redteam_freeze.py): on a GPU, not closed yet. That span is not
-compared between processes: honest spans differ by hundreds of microseconds to milliseconds between two workers on a
-loaded machine (an A/A candidate's came 278 us later than the original's at the median on an H100 shared with other
-gate jobs, and 5.5 ms later on the 2-core CPU machine under load), which rejected honest code as work done off the
-clock when compared, and biased every decision against the candidate when charged to it. It is reported
-(Timing.before_window_us).
+threads did over their CPUs. Otherwise (a GPU, where device memory is not in /proc; the CPU by default) the span
+from its request to that window holds the same work for every role (reading the request, refilling the same buffers
+with the same values, synchronising the device), and nothing of the candidate's runs on the worker's own thread
+there: no profile or trace function (the audit hook refuses one), no finalizer (the collector is off), no signal
+handler (none can be installed once the candidate has loaded: gate/worker/seccomp.py), and no torch mode or
+dispatcher kernel left by the warm-up (worker.op_time checks before the refill). A native thread of the candidate's
+own could still run beside the refill and read the values it writes, off the clock (tests/redteam_freeze.py): on a
+GPU, not closed yet. That span is not compared between processes: honest spans differ by hundreds of microseconds to
+milliseconds between two workers on a loaded machine (an A/A candidate's came 278 us later than the original's at
+the median on an H100 shared with other gate jobs, and 5.5 ms later on the 2-core CPU machine under load), which
+rejected honest code as work done off the clock when compared, and biased every decision against the candidate when
+charged to it. It is reported (Timing.before_window_us).
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def measured(worker, reply: dict, wall_ns: int, least_ns: int, filled: bool = Fa
                                                          "run with the sample's values")
                 # Less the wait for a CPU that the machine's other work, not the worker's, made (procfs.forgiven_ns):
                 # on a loaded machine the thawed worker waits for a core before it runs.
-                s.waited_ns = min(procfs.forgiven_ns(*getattr(worker, "sched", (None, None)), stop - sent), stop - sent - 1)
+                begun, ended = getattr(worker, "sched", (None, None))
+                s.waited_ns = min(procfs.forgiven_ns(begun, ended, stop - sent), stop - sent - 1)
                 s.ns = stop - sent - s.waited_ns
     if s.ns < least_ns:
         return None, Reason("timing-forged", f"a sample of {s.ns / 1e6:.3f} ms is shorter than the {least_ns / 1e6:.3f} "
