@@ -36,9 +36,9 @@ def shown(decide):
 
 
 def not_shown(r) -> bool:
-    """Whether the verdict (a Verdict, or a submit's result holding one as a dict) is `not-faster` alone with a
-    measured speedup above 1: faster, but not beyond the noise."""
-    v = r.verdict if isinstance(getattr(r, "verdict", None), dict) else None
+    """Whether the verdict (a Verdict, a verdict as a dict (a run's profiles/verdict_NNN.json), or a submit's result
+    holding one as a dict) is `not-faster` alone with a measured speedup above 1: faster, but not beyond the noise."""
+    v = r if isinstance(r, dict) else r.verdict if isinstance(getattr(r, "verdict", None), dict) else None
     if v is not None:
         codes = [x.get("code") for x in v.get("reasons", [])]
         speedup = ((v.get("first") or {}).get("timing") or {}).get("speedup") or 0

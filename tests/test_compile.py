@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import gate_helpers as h
 from tilesmith import runs
 
 SCRIPT = Path(__file__).parent / "fixtures" / "compile_api.py"
@@ -21,9 +22,20 @@ def drive(what: str, device: str = "cpu") -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _not_shown(run_id: str) -> bool:
+    """Whether the run's one graph ended with every candidate faster but not shown beyond the noise."""
+    (track,) = runs.load_run(run_id).graphs.values()
+    verdicts = sorted((runs.track_dir(run_id, track["key"]) / "profiles").glob("verdict_*.json"))
+    return track["status"] != "done" and bool(verdicts) and all(h.not_shown(json.loads(v.read_text())) for v in verdicts)
+
+
 @pytest.mark.slow
 def test_compile_optimizes_on_the_first_call_swaps_the_win_in_and_a_second_compile_is_an_exact_hit():
     first = drive("inference")
+    if not first["swapped"] and _not_shown(first["run_id"]):
+        # Measured faster but not shown beyond the noise (CI, 2026-12-07: two test processes on the 2 cores): a user
+        # would compile again, and so does the test, once. Anything else stays a failure below.
+        first = drive("inference")
     assert first["max_error"] < 1e-5
     assert first["run_id"] and len(first["swapped"]) == 1
     run = runs.load_run(first["run_id"])
