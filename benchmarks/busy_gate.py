@@ -1,7 +1,7 @@
 """The gate's decisions on a busy machine: full decisions with CPU hogs running beside them.
 
     python benchmarks/busy_gate.py [--hogs 2] [--trials 100] [--win 1.4] [--slower 0.85] [--budget-s 3600]
-        [--kinds aa,slower,win] [--graph GRAPH_DIR] [--out FILE.json]
+        [--graph GRAPH_DIR] [--out FILE.json]
 
 Three kinds of candidate, judged in turn (A/A, slower, win, A/A, ...) by the whole gate with the screen on, each
 decision a fresh `judge` with its own seed, while `--hogs` processes spin on the CPUs (pure Python loops, never
@@ -56,7 +56,7 @@ def decide(graph: Path, candidate: Path, seed: int, time_budget_s: float | None)
     v = judge(graph, candidate, Policy(seed=seed, **({"time_budget_s": time_budget_s} if time_budget_s else {})))
     t = v.first.timing if v.first and v.first.timing else None
     return {"accepted": v.accepted, "stage": v.stage, "codes": v.codes, "wall_s": round(time.monotonic() - t0, 2),
-            "speedup": t.speedup if t else None, "low": t.speedup_low if t else None, "passes": t.passes if t else None,
+            "speedup": t.speedup if t else None, "low": t.speedup_low if t else None,
             "why": "; ".join(f"{r.code}: {r.message[:160]}" for r in v.reasons)}
 
 
@@ -67,19 +67,17 @@ def summary(rows: list[dict]) -> dict:
     return {"decisions": len(rows), "accepted": acc, "accept_low95": lo, "accept_high95": hi,
             "forged": sum(bool(FORGED & set(r["codes"])) for r in rows),
             "unstable": sum("unstable-timing" in r["codes"] for r in rows),
-            "measured_again": sum((r.get("passes") or 1) > 1 for r in rows),
             "rejections_by_code": dict(codes),
             "median_wall_s": sorted(r["wall_s"] for r in rows)[len(rows) // 2] if rows else None}
 
 
 def table(results: dict) -> str:
-    lines = ["| candidate | decisions | accepted | 95 % bounds | forged | unstable | measured again | rejections by reason "
-             "| median s |", "|---|---:|---:|---|---:|---:|---:|---|---:|"]
+    lines = ["| candidate | decisions | accepted | 95 % bounds | forged | unstable | rejections by reason | median s |",
+             "|---|---:|---:|---|---:|---:|---|---:|"]
     for kind, s in results["kinds"].items():
         b = f"[{s['accept_low95']:.3f}, {s['accept_high95']:.3f}]" if s["decisions"] else "-"
         why = ", ".join(f"{k} {v}" for k, v in sorted(s["rejections_by_code"].items())) or "-"
-        lines.append(f"| {kind} | {s['decisions']} | {s['accepted']} | {b} | {s['forged']} | {s['unstable']} | "
-                     f"{s.get('measured_again', 0)} | {why} | "
+        lines.append(f"| {kind} | {s['decisions']} | {s['accepted']} | {b} | {s['forged']} | {s['unstable']} | {why} | "
                      f"{s['median_wall_s']} |")
     return "\n".join(lines)
 
@@ -92,7 +90,6 @@ def main() -> None:
     ap.add_argument("--slower", type=float, default=0.85, help="the slower candidate's speed against the original")
     ap.add_argument("--budget-s", type=float, default=3600.0, help="wall seconds for the decisions: no round of the three kinds starts after it")
     ap.add_argument("--time-budget", type=float, default=None, help="timing seconds per gate pass (default: the gate's)")
-    ap.add_argument("--kinds", default="aa,slower,win", help="which kinds to judge, in turn: aa, slower, win")
     ap.add_argument("--graph", type=Path, help="a captured graph dir (default: capture examples/inference.py, CPU)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -109,10 +106,6 @@ def main() -> None:
           f"{1 / slower_cost['measured']:.3f}x the original's speed (both measured before the hogs start)", file=sys.stderr)
     kinds = {"A/A (the original)": (graph, original), f"slower ({1 / slower_cost['measured']:.2f}x)": (graph, slower),
              f"win ({win_cost['measured']:.2f}x)": (slow_graph, original)}
-    wanted = {"aa", "slower", "win"} & set(a.kinds.split(","))
-    if not wanted:
-        ap.error(f"--kinds {a.kinds!r} names none of aa, slower, win")
-    kinds = {k: v for k, v in kinds.items() if k.split()[0].replace("A/A", "aa") in wanted}
     rows: dict = {k: [] for k in kinds}
     hogs = start_hogs(a.hogs)
     start = time.monotonic()
@@ -123,7 +116,7 @@ def main() -> None:
             for kind, (g, cand) in kinds.items():
                 r = decide(g, cand, 1000 + i, a.time_budget)
                 rows[kind].append(r)
-                print(f"  {kind} {i + 1}: {'ACCEPT' if r['accepted'] else 'reject'} at {r['stage']} passes {r['passes']} "
+                print(f"  {kind} {i + 1}: {'ACCEPT' if r['accepted'] else 'reject'} at {r['stage']} "
                       f"{','.join(r['codes'])} speedup {r['speedup'] or float('nan'):.3f} "
                       f"low {r['low'] or float('nan'):.3f} ({r['wall_s']} s)", file=sys.stderr)
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import statistics
 import time
 
 import pytest
@@ -423,64 +422,7 @@ def test_an_original_measured_while_the_machine_was_busy_is_measured_again_never
     assert [r.code for r in reasons] == ["not-faster"] and t.speedup < 1.0  # the second pass, on a quiet machine
     w = _RegimeWorker(busy=10**6)  # busy for good
     t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0)
-    assert [r.code for r in reasons] == ["unstable-timing"] and "in each of 2 passes" in reasons[0].message
-    # As CPU decisions measure: up to four passes, each ended at the first look that sees the original implausible.
-    w = _RegimeWorker(busy=10**6)
-    t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0, passes=4, stop_early=True)
-    assert [r.code for r in reasons] == ["unstable-timing"] and "in each of 4 passes" in reasons[0].message
-    assert t.passes == 4 and len(t.baseline_ns) == Policy().min_rounds and w.seen == 4 * 2 * Policy().min_rounds
-    w = _RegimeWorker(busy=30)  # the first pass's first look sees it: a second pass, on a quiet machine, decides
-    t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0, passes=4, stop_early=True)
-    assert [r.code for r in reasons] == ["not-faster"] and t.passes == 2 and t.speedup < 1.0
+    assert [r.code for r in reasons] == ["unstable-timing"] and "twice" in reasons[0].message
     w = _RegimeWorker(busy=0)  # quiet: the first pass stands
     t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0)
     assert [r.code for r in reasons] == ["not-faster"] and w.seen < 200
-
-
-class _Noisy:
-    """A worker whose samples are 20 us times log-normal noise (sigma 0.1): the timer's original, or the candidate's
-    worker (the candidate and the original beside it). As the candidate's worker it may cheat: once its own samples
-    and the original's beside it since its last restart read unfavourable, it runs the original beside it 30 ms per
-    call (a thread left spinning, say) for the next `sabotage` samples of it, so that the pass is measured again."""
-
-    def __init__(self, rng: random.Random, speed: float = 1.0, sabotage: int = 0):
-        self.rng, self.speed, self.sabotage = rng, speed, sabotage
-        self.mine: list = []  # (original beside, candidate) since the last restart it made
-        self.slow_left = self.restarts = 0
-
-    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
-        if msg["op"] != "time":
-            return {"ok": True}
-        ns = int(20_000 * math.exp(self.rng.gauss(0.0, 0.1)))
-        if msg["role"] == "candidate":
-            ns = int(ns / self.speed)
-            self.mine.append(("c", ns))
-        elif self.sabotage:  # the original beside the candidate
-            if self.slow_left:
-                self.slow_left -= 1
-                ns = 30_000_000
-            else:
-                self.mine.append(("b", ns))
-                b = [x for k, x in self.mine if k == "b"]
-                c = [x for k, x in self.mine if k == "c"]
-                if len(b) >= 8 and statistics.median(b) / statistics.median(c) < 1.04:
-                    self.slow_left, self.mine, self.restarts = self.sabotage, [], self.restarts + 1
-        self.sent_ns, self.marks = 0, [10, 10 + ns]
-        return {"ok": True, "ns": ns}
-
-
-def test_a_candidate_that_spoils_the_passes_it_would_lose_is_still_not_accepted():
-    """A pass is measured again when the original's samples are implausible, and the original beside the candidate
-    runs in the candidate's process: a candidate that spoils each pass whose samples read unfavourable to it (it
-    sees its own and the beside original's) gets a fresh draw of the noise, up to windows.IMPLAUSIBLE_PASSES times.
-    As fast as the original, it stays rejected in every one of 40 decisions: a pass kept must still clear both
-    comparisons, and the apart one is out of its sight."""
-    accepted = restarted = 0
-    for seed in range(40):
-        rng = random.Random(seed)
-        cand = _Noisy(rng, speed=1.0, sabotage=Policy().min_rounds)
-        t, reasons, _ = timing.measure(_Noisy(rng), cand, Policy(time_budget_s=5.0, max_rounds=400), "launch", 1,
-                                       20_000.0, passes=windows.IMPLAUSIBLE_PASSES, stop_early=True)
-        accepted += not reasons
-        restarted += t.passes > 1
-    assert accepted == 0 and restarted >= 20  # the cheat did spoil passes, and gained nothing

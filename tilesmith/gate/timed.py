@@ -8,7 +8,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from tilesmith.gate import cpulease, refill, windows
+from tilesmith.gate import cpulease, refill
 from tilesmith.gate.context import DecisionContext
 from tilesmith.gate.original import Reference, load_raw, save_sets
 from tilesmith.gate.proc import calm_spares
@@ -73,12 +73,8 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
                 except CandidateTreesFailed as e:
                     return [_trees_failed(e)]
         with clock(f"{key}.timing"):
-            # A CPU pass whose original is implausible ends at the first look that sees it, and up to
-            # windows.IMPLAUSIBLE_PASSES are measured; CUDA keeps two whole passes until a GPU run has checked that.
-            cpu = not str(ctx.device).startswith("cuda")
             p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
-                                                     len(contents), ctx.buffers, gap_ns=gap_ns,
-                                                     passes=windows.IMPLAUSIBLE_PASSES if cpu else 2, stop_early=cpu)
+                                                     len(contents), ctx.buffers, gap_ns=gap_ns)
         if p.timing:
             p.timing.gap_us = gap_ns / 1e3
             clock.add(f"{key}.timed", (sum(p.timing.baseline_ns) + sum(p.timing.candidate_ns)

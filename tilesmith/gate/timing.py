@@ -118,8 +118,7 @@ def _sample(worker, msg: dict, timeout_s: float, read=None, fill=None) -> tuple[
 
 def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_role: str = "baseline",
             contents: int = 1, buffers: int | None = None,
-            beside: bool = True, gap_ns: int = 0, passes: int = 2,
-            stop_early: bool = False) -> tuple[Timing | None, list[Reason], list[CheckedSample]]:
+            beside: bool = True, gap_ns: int = 0) -> tuple[Timing | None, list[Reason], list[CheckedSample]]:
     """Rounds of paired samples until the bounds decide or the time budget is spent.
 
     timer: the worker that times the baseline (`base_role`) apart; it never loads the candidate.
@@ -142,8 +141,6 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     the baseline's calls allocate afresh (page faults on CPU: a 1.7x slower baseline, measured). The
     last round of every batch is always checked, so the pass's last timed call is; its word may still be
     pending when the pass ends: fetch the checked samples' outputs with a `checks` request, keep=True.
-    passes: how many passes may be measured where the original's samples were implausible (windows.implausible);
-    stop_early: such a pass ends at the first look that sees it, not at its end (CPU workers: gate/timed.py).
     Returns the timing, the reasons to reject, and the checked samples.
     """
     rng = random.SystemRandom()
@@ -162,28 +159,21 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     timeout_s = max(60.0, 20 * reps * (per_call_ns + gap_ns) / 1e9)
     sides = [(timer, base_role, b_all), (cand, "candidate", c_all)] + ([(cand, "baseline", i_all)] if beside else [])
     watching = timer is not cand and hasattr(cand, "cpu_ns")  # as _round decides where the idle watch runs
-    # The original's own samples far slower than it runs alone (windows.implausible): the pass is measured again, up to
-    # `passes` times (with stop_early, from the first look that sees them); the candidate's processes busy while the
-    # original ran are its doing, not the machine's, and never measured again (a hog spinning in a forked process
-    # slows the original apart too).
-    def implausible() -> str:
-        return "" if _busy(idle) else windows.implausible(b_all, i_all, reps, per_call_ns + gap_ns)
-
-    for attempt in range(max(1, passes)):
+    for attempt in range(2):  # a second time where the original's own samples were implausible (_implausible)
         for x in (b_all, c_all, i_all, *short.values(), *pre.values(), *post.values(), *waited.values()):
             x.clear()
         idle.update(cpu=0, wall=0)
         state, apart, near, k = _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, kept, pending,
-                                               idle, gap_ns, short, (pre, post, waited), beside, watching,
-                                               implausible if stop_early else lambda: "")
+                                               idle, gap_ns, short, (pre, post, waited), beside, watching)
         if state == "forged":
             return None, [apart], kept
-        why = implausible()
+        # The candidate's own processes busy while the original ran is its doing, not the machine's: never measured
+        # again (a hog spinning in a forked process slows the original apart too).
+        why = "" if _busy(idle) else windows.implausible(b_all, i_all, reps, per_call_ns + gap_ns)
         if not why:
             break
     est = min(apart, near or apart, key=lambda e: e.low)  # the binding comparison is the one reported
     t = _summary(mode, reps, buffers, est, apart, near, b_all, c_all, i_all, idle)
-    t.passes = attempt + 1
     if short["candidate"] and short["apart"]:
         t.window_short_us = statistics.median(short["candidate"]) / 1e3
         t.window_short_original_us = statistics.median(short["apart"]) / 1e3
@@ -199,17 +189,16 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
         t.after_window_us = statistics.median(post["candidate"]) / 1e3
         t.after_window_original_us = statistics.median(post["apart"]) / 1e3
     if why:
-        return t, [Reason("unstable-timing", f"{why}, in each of {attempt + 1} passes: the machine was "
-                                             "too busy to time this decision (the candidate is not at fault)")], kept
+        return t, [Reason("unstable-timing", f"{why}, twice: the machine was too busy to time this decision (measured "
+                                             "again after the first time; the candidate is not at fault)")], kept
     bad = _busy(idle)
     return t, [bad] if bad else _reasons(policy, state, est, apart, near, b_all), kept
 
 
 def _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, gap_ns, short, pre,
-                   beside, watching, implausible=lambda: "") -> tuple:
+                   beside, watching) -> tuple:
     """Rounds until the bounds decide or the budget is spent: (state, apart, near, k); ("forged", reason, None, k)
-    where a sample was; ("implausible", ...) at the first look where `implausible()` says why the original's samples
-    cannot be used (the pass is measured again)."""
+    where a sample was."""
     b_all, c_all = sides[0][2], sides[1][2]
     i_all = sides[2][2] if beside else None
     start = time.monotonic()
@@ -227,8 +216,6 @@ def _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, ke
             if last:
                 break
         state, apart, near = _look(policy, b_all, c_all, i_all)
-        if implausible():
-            return "implausible", apart, near, k
         spent = time.monotonic() - start
         watched = not watching or idle["wall"] >= IDLE_WALL_MIN_NS
         if (state != "undecided" and watched) or spent > policy.time_budget_s or len(b_all) >= policy.max_rounds:

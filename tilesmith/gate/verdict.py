@@ -115,7 +115,6 @@ class Timing:
     idle_wall_ms: float = 0.0
     buffer_sets: int = 0  # rotating input buffer sets, never fewer than calls_per_sample (timing.sample_size)
     gap_us: float = 0.0  # host time spent before each timed call, both roles: the program's (graph.json program_gap)
-    passes: int = 1  # passes measured: one more each time the original's samples were implausible (windows.implausible)
     # The samples are the windows the deciding process measured (gate/windows.py): the kernel's timestamps of the
     # marks the worker sends as each opens and closes. How much shorter the workers' own numbers were (median, us):
     # the candidate's, and the original's in its own worker.
