@@ -1,7 +1,7 @@
 """The gate's decisions on a busy machine: full decisions with CPU hogs running beside them.
 
     python benchmarks/busy_gate.py [--hogs 2] [--trials 100] [--win 1.4] [--slower 0.85] [--budget-s 3600]
-        [--kinds aa,slower,win] [--graph GRAPH_DIR] [--out FILE.json]
+        [--graph GRAPH_DIR] [--out FILE.json]
 
 Three kinds of candidate, judged in turn (A/A, slower, win, A/A, ...) by the whole gate with the screen on, each
 decision a fresh `judge` with its own seed, while `--hogs` processes spin on the CPUs (pure Python loops, never
@@ -90,7 +90,6 @@ def main() -> None:
     ap.add_argument("--slower", type=float, default=0.85, help="the slower candidate's speed against the original")
     ap.add_argument("--budget-s", type=float, default=3600.0, help="wall seconds for the decisions: no round of the three kinds starts after it")
     ap.add_argument("--time-budget", type=float, default=None, help="timing seconds per gate pass (default: the gate's)")
-    ap.add_argument("--kinds", default="aa,slower,win", help="which kinds to judge, in turn: aa, slower, win")
     ap.add_argument("--graph", type=Path, help="a captured graph dir (default: capture examples/inference.py, CPU)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -107,10 +106,6 @@ def main() -> None:
           f"{1 / slower_cost['measured']:.3f}x the original's speed (both measured before the hogs start)", file=sys.stderr)
     kinds = {"A/A (the original)": (graph, original), f"slower ({1 / slower_cost['measured']:.2f}x)": (graph, slower),
              f"win ({win_cost['measured']:.2f}x)": (slow_graph, original)}
-    wanted = {"aa", "slower", "win"} & set(a.kinds.split(","))
-    if not wanted:
-        ap.error(f"--kinds {a.kinds!r} names none of aa, slower, win")
-    kinds = {k: v for k, v in kinds.items() if k.split()[0].replace("A/A", "aa") in wanted}
     rows: dict = {k: [] for k in kinds}
     hogs = start_hogs(a.hogs)
     start = time.monotonic()

@@ -62,33 +62,6 @@ def openmp_wait(env: dict) -> dict:
     return out
 
 
-# The user's own choice of where OpenMP threads run: kept as it is where any of these is set.
-OPENMP_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
-
-
-def openmp_bind(env: dict) -> dict:
-    """env, for a CPU graph's worker, with each OpenMP thread bound to a core of its own (OMP_PROC_BIND=close,
-    OMP_PLACES=cores), unless the user chose a binding or fewer threads than the CPUs this process may use (the
-    timed workers are then pinned to the highest-numbered CPUs (timing.shared_cpus, cpulease), which places counted
-    from the first would miss).
-
-    Unbound, a worker's threads go where the scheduler wakes them, and on a busy machine two of them can share one
-    core for seconds while the other holds a CPU hog: each parallel region then waits for a thread that is not
-    running. With two hogs on the 2 cores, one worker ran the same code 1.5-8x slower than the other for whole
-    passes, and a genuine 1.3x win was read 0.7-0.9x against the original in its own worker (rejected in 7 of 12
-    decisions). Bound, every worker's threads meet the load alike, sample by sample, which the paired samples
-    cancel (12 of 12 accepted, benchmarks/RESULTS.md). On a quiet machine the threads already run a core each."""
-    if any((env.get(k) or "").strip() for k in OPENMP_BINDING):
-        return env
-    try:
-        n = int(env.get("OMP_NUM_THREADS") or 0)
-    except ValueError:
-        return env
-    if n and hasattr(os, "sched_getaffinity") and n < len(os.sched_getaffinity(0)):
-        return env
-    return {**env, "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
-
-
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value where Python does not name it
 MAX_LAYOUT_PARTS = 256  # a timed sample's outputs' layout, in LAYOUT_CHUNK datagrams, at most (4 MiB)
 _SO_PASSCRED, _SCM_CREDENTIALS = getattr(socket, "SO_PASSCRED", 16), getattr(socket, "SCM_CREDENTIALS", 2)
@@ -145,8 +118,6 @@ class Worker:
         fds = (w,) + ((theirs.fileno(),) if theirs is not None else ())
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", *map(str, fds)]
         env = openmp_wait({**worker_env(self.dir, device), "TILESMITH_GATE_DEVICE": device})
-        if not str(device).startswith("cuda"):  # CUDA workers' environment stays as the GPU runs checked it
-            env = openmp_bind(env)
         spec = sandbox.Spec.for_graphs(self.dir, [device], readable=[str(p) for p in readable])
         self.proc = sandbox.popen(cmd, spec, env, stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
                                   pass_fds=fds)
