@@ -1,7 +1,7 @@
 """The gate's decisions on a busy machine: full decisions with CPU hogs running beside them.
 
     python benchmarks/busy_gate.py [--hogs 2] [--trials 100] [--win 1.4] [--slower 0.85] [--budget-s 3600]
-        [--graph GRAPH_DIR] [--out FILE.json]
+        [--kinds aa,slower,win] [--graph GRAPH_DIR] [--out FILE.json]
 
 Three kinds of candidate, judged in turn (A/A, slower, win, A/A, ...) by the whole gate with the screen on, each
 decision a fresh `judge` with its own seed, while `--hogs` processes spin on the CPUs (pure Python loops, never
@@ -11,7 +11,8 @@ pinned: the scheduler puts them where the gate's workers are):
   `--slower` of the original's speed. Every accept is a false accept.
 - win: the original against a copy of itself slowed to `--win` times its time: a genuine win of that size.
 The graph is examples/inference.py's on the CPU unless --graph names one. Prints per kind the decisions, accepts
-(with exact one-sided 95 % bounds), the reasons of the rejections, and how many were called forged or unstable;
+(with exact one-sided 95 % bounds), the reasons of the rejections, how many were called forged or unstable, how many
+first passes were given a longer budget on the busy machine and the median share of time a task waited for a CPU;
 writes JSON. Never passes or fails: it measures. The slowed copies' measured ratios are printed: they are measured
 before the hogs start, on the machine as it is.
 """
@@ -55,8 +56,13 @@ def decide(graph: Path, candidate: Path, seed: int, time_budget_s: float | None)
     t0 = time.monotonic()
     v = judge(graph, candidate, Policy(seed=seed, **({"time_budget_s": time_budget_s} if time_budget_s else {})))
     t = v.first.timing if v.first and v.first.timing else None
+    c = v.confirmation.timing if v.confirmation and v.confirmation.timing else None
     return {"accepted": v.accepted, "stage": v.stage, "codes": v.codes, "wall_s": round(time.monotonic() - t0, 2),
             "speedup": t.speedup if t else None, "low": t.speedup_low if t else None,
+            "stall_share": getattr(t, "busy_share", None), "budget_s": getattr(t, "budget_s", None),
+            "plain_budget_s": Policy(**({"time_budget_s": time_budget_s} if time_budget_s else {})).time_budget_s,
+            "confirmation_budget_s": getattr(c, "budget_s", None), "confirmation_samples": c.samples if c else None,
+            "first_samples": t.samples if t else None,
             "why": "; ".join(f"{r.code}: {r.message[:160]}" for r in v.reasons)}
 
 
@@ -67,17 +73,20 @@ def summary(rows: list[dict]) -> dict:
     return {"decisions": len(rows), "accepted": acc, "accept_low95": lo, "accept_high95": hi,
             "forged": sum(bool(FORGED & set(r["codes"])) for r in rows),
             "unstable": sum("unstable-timing" in r["codes"] for r in rows),
+            "extended": sum((r.get("budget_s") or 0) > (r.get("plain_budget_s") or 1e9) for r in rows),
+            "median_stall_share": sorted(r.get("stall_share") or 0 for r in rows)[len(rows) // 2] if rows else None,
             "rejections_by_code": dict(codes),
             "median_wall_s": sorted(r["wall_s"] for r in rows)[len(rows) // 2] if rows else None}
 
 
 def table(results: dict) -> str:
-    lines = ["| candidate | decisions | accepted | 95 % bounds | forged | unstable | rejections by reason | median s |",
-             "|---|---:|---:|---|---:|---:|---|---:|"]
+    lines = ["| candidate | decisions | accepted | 95 % bounds | forged | unstable | budget extended | CPU stall share "
+             "| rejections by reason | median s |", "|---|---:|---:|---|---:|---:|---:|---:|---|---:|"]
     for kind, s in results["kinds"].items():
         b = f"[{s['accept_low95']:.3f}, {s['accept_high95']:.3f}]" if s["decisions"] else "-"
         why = ", ".join(f"{k} {v}" for k, v in sorted(s["rejections_by_code"].items())) or "-"
-        lines.append(f"| {kind} | {s['decisions']} | {s['accepted']} | {b} | {s['forged']} | {s['unstable']} | {why} | "
+        lines.append(f"| {kind} | {s['decisions']} | {s['accepted']} | {b} | {s['forged']} | {s['unstable']} | "
+                     f"{s['extended']} | {s['median_stall_share'] or 0:.2f} | {why} | "
                      f"{s['median_wall_s']} |")
     return "\n".join(lines)
 
@@ -90,6 +99,7 @@ def main() -> None:
     ap.add_argument("--slower", type=float, default=0.85, help="the slower candidate's speed against the original")
     ap.add_argument("--budget-s", type=float, default=3600.0, help="wall seconds for the decisions: no round of the three kinds starts after it")
     ap.add_argument("--time-budget", type=float, default=None, help="timing seconds per gate pass (default: the gate's)")
+    ap.add_argument("--kinds", default="aa,slower,win", help="which kinds to judge, in turn: aa, slower, win")
     ap.add_argument("--graph", type=Path, help="a captured graph dir (default: capture examples/inference.py, CPU)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -106,6 +116,10 @@ def main() -> None:
           f"{1 / slower_cost['measured']:.3f}x the original's speed (both measured before the hogs start)", file=sys.stderr)
     kinds = {"A/A (the original)": (graph, original), f"slower ({1 / slower_cost['measured']:.2f}x)": (graph, slower),
              f"win ({win_cost['measured']:.2f}x)": (slow_graph, original)}
+    wanted = {"aa", "slower", "win"} & set(a.kinds.split(","))
+    if not wanted:
+        ap.error(f"--kinds {a.kinds!r} names none of aa, slower, win")
+    kinds = {k: v for k, v in kinds.items() if k.split()[0].replace("A/A", "aa") in wanted}
     rows: dict = {k: [] for k in kinds}
     hogs = start_hogs(a.hogs)
     start = time.monotonic()

@@ -426,3 +426,67 @@ def test_an_original_measured_while_the_machine_was_busy_is_measured_again_never
     w = _RegimeWorker(busy=0)  # quiet: the first pass stands
     t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0)
     assert [r.code for r in reasons] == ["not-faster"] and w.seen < 200
+
+
+class _Stalls:
+    """/proc/pressure/cpu's `some total` (microseconds) as a machine busy `share` of the wall time would make it."""
+
+    def __init__(self, share: float):
+        self.share, self.t0, self.reads = share, time.monotonic(), 0
+
+    def __call__(self) -> int:
+        self.reads += 1
+        return int((time.monotonic() - self.t0) * self.share * 1e6)
+
+
+def test_a_pass_runs_longer_only_on_a_busy_machine_and_only_where_asked(monkeypatch):
+    policy = Policy(time_budget_s=2.0)
+    for share, extend, budget in ((0.9, 3.0, 6.0), (0.05, 3.0, 2.0), (0.9, 1.0, 2.0)):
+        stalls = _Stalls(share)
+        monkeypatch.setattr(timing.procfs, "cpu_pressure_us", stalls)
+        busy = {"extend": extend, "stall0": stalls() if extend > 1 else None}
+        time.sleep(0.05)
+        assert timing._budget_s(policy, busy, 0.05) == budget == busy["budget_s"]
+        assert stalls.reads == (2 if extend > 1 else 0)  # CUDA's passes (extend 1) never read it
+    monkeypatch.setattr(timing.procfs, "cpu_pressure_us", lambda: None)  # a kernel without it: the budget stands
+    assert timing._budget_s(policy, {"extend": 3.0, "stall0": None}, 1.0) == 2.0
+
+
+class _Slow:
+    """A worker whose every sample takes 2 ms of wall time and reads 20 us with noise: the original, and a candidate
+    as fast as it, which no pass can show faster or slower."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+
+    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
+        if msg["op"] != "time":
+            return {"ok": True}
+        time.sleep(0.002)
+        ns = int(20_000 * math.exp(self.rng.gauss(0.0, 0.3)))
+        self.sent_ns, self.marks = 0, [10, 10 + ns]
+        return {"ok": True, "ns": ns}
+
+
+def test_a_busy_machines_longer_pass_looks_no_more_often_than_one_given_that_budget(monkeypatch):
+    """What a longer pass gives a candidate (one that keeps the machine busy to get it, say) is more samples: each
+    look's bounds keep their confidence, and the batches go on doubling past the plain budget, so the pass looks at
+    its samples about as often as a pass given the longer budget from the start (a user's --gate-time-budget), not
+    every few rounds."""
+    looks: list = []
+    look = timing._look
+    monkeypatch.setattr(timing, "_look", lambda *a: (looks.append(len(a[1])), look(*a))[1])
+    seen = {}
+    for name, share, budget, extend in (("quiet", 0.0, 0.4, 3.0), ("busy", 0.9, 0.4, 3.0), ("long", 0.0, 1.2, 1.0)):
+        monkeypatch.setattr(timing.procfs, "cpu_pressure_us", _Stalls(share))
+        looks.clear()
+        rng = random.Random(7)
+        # As fast, needing nothing more: undecided, so every pass runs its whole budget.
+        t, reasons, _ = timing.measure(_Slow(rng), _Slow(rng), Policy(time_budget_s=budget, min_improvement=0.0),
+                                       "launch", 1, 20_000.0, busy_extend=extend)
+        assert [r.code for r in reasons] == ["not-faster"]
+        seen[name] = (list(looks), t)
+    quiet, busy, long = seen["quiet"][1], seen["busy"][1], seen["long"][1]
+    assert quiet.budget_s == 0.4 and quiet.busy_share == 0.0 and busy.budget_s == pytest.approx(1.2)
+    assert busy.busy_share > 0.8 and busy.samples > 2 * quiet.samples
+    assert len(seen["busy"][0]) <= len(seen["long"][0]) + 2, seen

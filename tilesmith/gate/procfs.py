@@ -197,3 +197,16 @@ def forgiven_ns(a: Sched | None, b: Sched | None, span_ns: int) -> int:
     work = max(0, b.cpu_ns - a.cpu_ns)
     floor = max(max(r for r, _ in ran), -(-work // max(1, b.cpus, a.cpus)))
     return max(0, min(min(d for _, d in ran), span_ns - floor))
+
+
+def cpu_pressure_us() -> int | None:
+    """Microseconds, since boot, in which some runnable task on the machine waited for a CPU (the kernel's pressure
+    stall information, /proc/pressure/cpu `some total`); None where the kernel does not keep it."""
+    try:
+        with open("/proc/pressure/cpu", "rb") as f:
+            for line in f.read().decode().splitlines():
+                if line.startswith("some "):
+                    return int(line.rsplit("total=", 1)[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

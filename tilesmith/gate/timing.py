@@ -17,7 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from tilesmith.gate import freeze, windows
+from tilesmith.gate import freeze, procfs, windows
 from tilesmith.gate.verdict import Reason, Timing
 
 
@@ -118,7 +118,8 @@ def _sample(worker, msg: dict, timeout_s: float, read=None, fill=None) -> tuple[
 
 def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_role: str = "baseline",
             contents: int = 1, buffers: int | None = None,
-            beside: bool = True, gap_ns: int = 0) -> tuple[Timing | None, list[Reason], list[CheckedSample]]:
+            beside: bool = True, gap_ns: int = 0,
+            busy_extend: float = 1.0) -> tuple[Timing | None, list[Reason], list[CheckedSample]]:
     """Rounds of paired samples until the bounds decide or the time budget is spent.
 
     timer: the worker that times the baseline (`base_role`) apart; it never loads the candidate.
@@ -141,6 +142,8 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     the baseline's calls allocate afresh (page faults on CPU: a 1.7x slower baseline, measured). The
     last round of every batch is always checked, so the pass's last timed call is; its word may still be
     pending when the pass ends: fetch the checked samples' outputs with a `checks` request, keep=True.
+    busy_extend: how many times policy.time_budget_s a pass may run, still undecided, on a busy machine (_budget_s);
+    1 keeps the budget (CUDA, until a GPU run has checked it: gate/timed.py).
     Returns the timing, the reasons to reject, and the checked samples.
     """
     rng = random.SystemRandom()
@@ -159,12 +162,13 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
     timeout_s = max(60.0, 20 * reps * (per_call_ns + gap_ns) / 1e9)
     sides = [(timer, base_role, b_all), (cand, "candidate", c_all)] + ([(cand, "baseline", i_all)] if beside else [])
     watching = timer is not cand and hasattr(cand, "cpu_ns")  # as _round decides where the idle watch runs
+    busy = {"extend": busy_extend, "share": 0.0, "budget_s": policy.time_budget_s}  # _budget_s fills it
     for attempt in range(2):  # a second time where the original's own samples were implausible (_implausible)
         for x in (b_all, c_all, i_all, *short.values(), *pre.values(), *post.values(), *waited.values()):
             x.clear()
         idle.update(cpu=0, wall=0)
         state, apart, near, k = _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, kept, pending,
-                                               idle, gap_ns, short, (pre, post, waited), beside, watching)
+                                               idle, gap_ns, short, (pre, post, waited), beside, watching, busy)
         if state == "forged":
             return None, [apart], kept
         # The candidate's own processes busy while the original ran is its doing, not the machine's: never measured
@@ -174,6 +178,7 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
             break
     est = min(apart, near or apart, key=lambda e: e.low)  # the binding comparison is the one reported
     t = _summary(mode, reps, buffers, est, apart, near, b_all, c_all, i_all, idle)
+    t.busy_share, t.budget_s = busy["share"], busy["budget_s"]
     if short["candidate"] and short["apart"]:
         t.window_short_us = statistics.median(short["candidate"]) / 1e3
         t.window_short_original_us = statistics.median(short["apart"]) / 1e3
@@ -196,18 +201,21 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
 
 
 def _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, gap_ns, short, pre,
-                   beside, watching) -> tuple:
-    """Rounds until the bounds decide or the budget is spent: (state, apart, near, k); ("forged", reason, None, k)
-    where a sample was."""
+                   beside, watching, busy: dict | None = None) -> tuple:
+    """Rounds until the bounds decide or the budget (_budget_s) is spent: (state, apart, near, k); ("forged", reason,
+    None, k) where a sample was."""
     b_all, c_all = sides[0][2], sides[1][2]
     i_all = sides[2][2] if beside else None
     start = time.monotonic()
+    busy = busy if busy is not None else {"extend": 1.0}
+    busy["stall0"] = procfs.cpu_pressure_us() if busy["extend"] > 1 else None
+    budget = policy.time_budget_s
     batch = policy.min_rounds
     while True:
         for r in range(batch):
             # The budget is also checked between rounds: on a loaded machine a batch sized at the rate
             # measured so far can take several times longer (a 10 s budget ran 28.9 s).
-            last = r == batch - 1 or time.monotonic() - start > policy.time_budget_s
+            last = r == batch - 1 or time.monotonic() - start > budget
             bad = _round(sides, rng, reps, k, contents, buffers, timeout_s, kept, pending, idle, last=last, gap_ns=gap_ns,
                          short=short, pre=pre)
             if bad:
@@ -218,16 +226,44 @@ def _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, ke
         state, apart, near = _look(policy, b_all, c_all, i_all)
         spent = time.monotonic() - start
         watched = not watching or idle["wall"] >= IDLE_WALL_MIN_NS
-        if (state != "undecided" and watched) or spent > policy.time_budget_s or len(b_all) >= policy.max_rounds:
+        budget = _budget_s(policy, busy, spent)
+        if (state != "undecided" and watched) or spent > budget or len(b_all) >= policy.max_rounds:
             return state, apart, near, k
-        batch = _next_batch(policy, state, spent, len(b_all), idle)
+        batch = _next_batch(policy, state, spent, len(b_all), idle, budget)
 
 
-def _next_batch(policy, state: str, spent: float, rounds: int, idle: dict) -> int:
-    """Rounds in the next batch: double the count so far, inside the budget at the measured rate; a decided
-    state waits only for the idle watch: as many rounds as that needs at the rate its samples came."""
+# A pass still undecided when its budget ends goes on, up to BUSY_EXTEND times the budget (CPU passes: gate/timed.py),
+# while some task on the machine waited for a CPU at least this share of the pass's time so far (the kernel's
+# pressure stall information): a busy machine widens every sample's spread, so the same evidence takes longer. With
+# two CPU hogs on the 2 cores the share read 0.55-1.0, and the genuine wins the gate did not show within 20 s were
+# all cut by the budget; alone it stays under 0.1. Each look's bounds keep their confidence however long the pass,
+# the batches go on doubling (at most two more looks than at the plain budget: a pass given the longer budget from
+# the start looks as often), and nothing of it is read from the workers.
+BUSY_STALL_SHARE = 0.25
+BUSY_EXTEND = 3.0
+
+
+def _budget_s(policy, busy: dict, spent: float) -> float:
+    """The pass's budget in seconds: policy.time_budget_s, or busy["extend"] times it while the machine's CPU stall
+    share over the pass so far is at least BUSY_STALL_SHARE (kept in busy["share"] and busy["budget_s"]); the
+    pressure is read only where busy["extend"] > 1."""
+    budget, then = policy.time_budget_s, busy.get("stall0")
+    now = procfs.cpu_pressure_us() if then is not None else None
+    if now is not None and spent > 0:
+        busy["share"] = max(0.0, min(1.0, (now - then) / 1e6 / spent))
+        if busy["share"] >= BUSY_STALL_SHARE:
+            budget = policy.time_budget_s * busy["extend"]
+    busy["budget_s"] = budget
+    return budget
+
+
+def _next_batch(policy, state: str, spent: float, rounds: int, idle: dict, budget_s: float | None = None) -> int:
+    """Rounds in the next batch: double the count so far, inside the budget (policy.time_budget_s unless given) at
+    the measured rate; a decided state waits only for the idle watch: as many rounds as that needs at the rate its
+    samples came."""
     rate = spent / rounds
-    batch = max(4, min(rounds, policy.max_rounds - rounds, int((policy.time_budget_s - spent) / rate) + 1))
+    budget_s = policy.time_budget_s if budget_s is None else budget_s
+    batch = max(4, min(rounds, policy.max_rounds - rounds, int((budget_s - spent) / rate) + 1))
     if state != "undecided":
         per_round = idle["wall"] / rounds if idle["wall"] else 0.0
         need = int((IDLE_WALL_MIN_NS - idle["wall"]) / per_round) + 1 if per_round else batch

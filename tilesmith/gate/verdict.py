@@ -115,6 +115,10 @@ class Timing:
     idle_wall_ms: float = 0.0
     buffer_sets: int = 0  # rotating input buffer sets, never fewer than calls_per_sample (timing.sample_size)
     gap_us: float = 0.0  # host time spent before each timed call, both roles: the program's (graph.json program_gap)
+    # The share of the pass in which some task on the machine waited for a CPU (/proc/pressure/cpu; 0 where not read),
+    # and the budget the pass ran under: policy.time_budget_s, or longer on a busy machine (timing._budget_s)
+    busy_share: float = 0.0
+    budget_s: float = 0.0
     # The samples are the windows the deciding process measured (gate/windows.py): the kernel's timestamps of the
     # marks the worker sends as each opens and closes. How much shorter the workers' own numbers were (median, us):
     # the candidate's, and the original's in its own worker.
