@@ -119,6 +119,7 @@ class Timing:
     # and the budget the pass ran under: policy.time_budget_s, or longer on a busy machine (timing._budget_s)
     busy_share: float = 0.0
     budget_s: float = 0.0
+    seconds: float = 0.0  # the pass's sampling, wall time
     # The samples are the windows the deciding process measured (gate/windows.py): the kernel's timestamps of the
     # marks the worker sends as each opens and closes. How much shorter the workers' own numbers were (median, us):
     # the candidate's, and the original's in its own worker.
