@@ -151,8 +151,7 @@ class Reference:
                 best.write_bytes(Path(ctx.timing_base).read_bytes())
                 base = {"best_file": str(best)}
             with ctx.clock("timer.load"):
-                self.timer.request({"op": "load", "graph_dir": str(gdir), "device": ctx.device, **base,
-                                    **({"seccomp": True} if _timer_seccomp(ctx.device) else {})},
+                self.timer.request({"op": "load", "graph_dir": str(gdir), "device": ctx.device, **base},
                                    ctx.policy.load_timeout_s)
         except BaseException as e:  # re-raised by get() in the deciding thread
             self.error = e
@@ -297,11 +296,3 @@ def _special_outputs(w, gdir, specials: dict, ctx: DecisionContext, out: dict, r
 def rotating(named_sets: list, policy: Policy) -> list:
     randoms = [s for s in named_sets if s[0] not in ("captured", "zeros", "large", "captured-weights")]
     return (randoms or named_sets)[: max(1, policy.rotating_sets)]
-
-
-def _timer_seccomp(device: str) -> bool:
-    """Whether the timer's worker takes the candidate's worker's seccomp filter too (TILESMITH_GATE_TIMER_SECCOMP=1, CPU
-    graphs; an experiment: the two timed workers then run under the same kernel rules)."""
-    import os
-
-    return os.environ.get("TILESMITH_GATE_TIMER_SECCOMP") == "1" and not str(device).startswith("cuda")
