@@ -32,7 +32,7 @@ endif
 
 install: $(BIN)/tilesmith
 
-# Two test processes, whole files to each (module fixtures made once): 17-21 minutes on a 2-core VM.
+# Two test processes, whole files to each (module fixtures made once): 16-21 minutes on a 2-core VM.
 test: install
 	$(BIN)/python -m pip show -q pytest-xdist >/dev/null 2>&1 || $(BIN)/python -m pip install -q pytest-xdist
 	$(BIN)/python -m pytest -q -x --durations=10 -n 2 --dist loadfile
