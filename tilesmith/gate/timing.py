@@ -235,10 +235,11 @@ def _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, ke
 # A pass still undecided when its budget ends goes on, up to BUSY_EXTEND times the budget (CPU passes: gate/timed.py),
 # while some task on the machine waited for a CPU at least this share of the pass's time so far (the kernel's
 # pressure stall information): a busy machine widens every sample's spread, so the same evidence takes longer. With
-# two CPU hogs on the 2 cores the share read 0.55-1.0, and in one run all three of 20 genuine wins the gate did not
-# show were cut by the 20 s budget. Each look's bounds keep their confidence however long the pass, the batches go on
-# doubling (at most two more looks than at the plain budget: as often as a pass given the longer budget from the
-# start), and nothing of it is read from the workers.
+# two CPU hogs on the 2 cores the share read 0.55-1.0 (benchmarks/busy_gate.py), and genuine 1.35x wins went unshown
+# when the 20 s budget cut their passes (3 of 20 in one run); with the longer budget one of 20 was accepted by a pass
+# of 44 s. Each look's bounds keep their confidence however long the pass, the batches go on doubling (at most two
+# more looks than at the plain budget: as often as a pass given the longer budget from the start), and nothing of it
+# is read from the workers.
 BUSY_STALL_SHARE = 0.25
 BUSY_EXTEND = 3.0
 
