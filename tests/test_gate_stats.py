@@ -471,7 +471,7 @@ class _Slow:
 def test_a_busy_machines_longer_pass_looks_no_more_often_than_one_given_that_budget(monkeypatch):
     """What a longer pass gives a candidate (one that keeps the machine busy to get it, say) is more samples: each
     look's bounds keep their confidence, and the batches go on doubling past the plain budget, so the pass looks at
-    its samples about as often as a pass given the longer budget from the start (a user's --gate-time-budget), not
+    its samples about as often as a pass given the longer budget from the start (the API's gate_time_budget_s), not
     every few rounds."""
     looks: list = []
     look = timing._look
