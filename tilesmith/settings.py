@@ -28,7 +28,7 @@ VARIABLES = {
     "web_search": "TILESMITH_WEB_SEARCH", "sandbox": "TILESMITH_SANDBOX", "fork_workers": "TILESMITH_FORK_WORKERS",
     "gate_spares": "TILESMITH_GATE_SPARES", "relower": "TILESMITH_RELOWER", "relower_only": "TILESMITH_RELOWER_ONLY",
     "native_dir": "TILESMITH_NATIVE_DIR", "debug": "TILESMITH_DEBUG", "rewrites": "TILESMITH_REWRITES",
-    "in_place": "TILESMITH_IN_PLACE", "gate_refill": "TILESMITH_GATE_REFILL",
+    "in_place": "TILESMITH_IN_PLACE", "gate_refill": "TILESMITH_GATE_REFILL", "gate_busy": "TILESMITH_GATE_BUSY",
 }
 # Whether graphs that update their inputs in place (running statistics, optimizer steps, KV caches) are optimized
 # when TILESMITH_IN_PLACE is unset. On since `make gpu-smoke` passed with them on an H100 (the training flow's 4 graphs
@@ -36,6 +36,7 @@ VARIABLES = {
 # included, at 0 false rejections: benchmarks/RESULTS.md). TILESMITH_IN_PLACE=0 leaves such graphs to Inductor.
 IN_PLACE_DEFAULT = True
 GATE_REFILL_DEFAULT = False  # on needs a GPU smoke of the code that turns it on (not run yet)
+GATE_BUSY_DEFAULT = False  # likewise: the code it turns on (gate/timing.py _budget_s) has had no GPU smoke yet
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Settings:
     rewrites: str  # the tuner's graph rewrites: "" (off, the default), 1/all, or names (search/rewrites reads it)
     in_place: bool  # capture makes graphs that update their inputs in place eligible (default IN_PLACE_DEFAULT)
     gate_refill: bool  # the gate writes a CPU sample's inputs into the stopped worker, timed from there (default off)
+    gate_busy: bool  # a CPU pass undecided at its budget goes on, up to 3x, on a busy machine (default off)
 
     @property
     def sandbox_mode(self) -> str:
@@ -95,7 +97,8 @@ def current(environ=None) -> Settings:
         relower_only=raw["relower_only"] or "", native_dir=raw["native_dir"], debug=bool(raw["debug"]),
         rewrites=(raw["rewrites"] or "").strip(),
         in_place=_switch(raw["in_place"]) if (raw["in_place"] or "").strip() else IN_PLACE_DEFAULT,
-        gate_refill=_switch(raw["gate_refill"]) if (raw["gate_refill"] or "").strip() else GATE_REFILL_DEFAULT)
+        gate_refill=_switch(raw["gate_refill"]) if (raw["gate_refill"] or "").strip() else GATE_REFILL_DEFAULT,
+        gate_busy=_switch(raw["gate_busy"]) if (raw["gate_busy"] or "").strip() else GATE_BUSY_DEFAULT)
 
 
 def _switch(value: str | None) -> bool:

@@ -8,6 +8,7 @@ import contextlib
 import os
 from pathlib import Path
 
+from tilesmith import settings
 from tilesmith.gate import cpulease, refill
 from tilesmith.gate.context import DecisionContext
 from tilesmith.gate.original import Reference, load_raw, save_sets
@@ -73,9 +74,10 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
                 except CandidateTreesFailed as e:
                     return [_trees_failed(e)]
         with clock(f"{key}.timing"):
-            # On a busy machine a CPU pass may run longer (timing._budget_s); CUDA keeps its budget until a GPU run
-            # has checked that.
-            extend = 1.0 if str(ctx.device).startswith("cuda") else timing.BUSY_EXTEND
+            # On a busy machine a CPU pass may run longer (timing._budget_s), with TILESMITH_GATE_BUSY=1: off by
+            # default until a GPU smoke has run the code it turns on; CUDA keeps its budget either way.
+            busy = settings.current().gate_busy and not str(ctx.device).startswith("cuda")
+            extend = timing.BUSY_EXTEND if busy else 1.0
             p.timing, reasons, kept = timing.measure(ref.timer, w, policy, mode, reps, r["per_call_ns"], ref.base_role,
                                                      len(contents), ctx.buffers, gap_ns=gap_ns, busy_extend=extend)
         if p.timing:
