@@ -265,37 +265,34 @@ def special_sets(meta: dict, captured: list, seed: int) -> list[tuple[str, list]
         return []
     infos = _infos(meta, captured)
     keep = {j: _cpu_copy(captured[j]) for j in parameter_indices(meta)}  # one copy, shared: workers copy each set
-    # Only for graphs on the CPU for now: the same values whatever the thread count (see _inject); a CUDA graph's sets
-    # are built as before until a GPU run has judged them (a decision's values differ where the race fell otherwise).
-    exact = str(meta.get("device") or "cpu").startswith("cpu")
     sets = []
     for kind in SPECIAL_KINDS:
         s = derive_seed(seed, "special", kind)
         inputs = _filled(captured, infos, "normal", s, keep)
         for j in targets:
-            _inject(inputs[j], kind, torch.Generator().manual_seed(derive_seed(s, "inject", j)), exact)
+            _inject(inputs[j], kind, torch.Generator().manual_seed(derive_seed(s, "inject", j)))
         sets.append((kind, inputs))
     return sets
 
 
-def _inject(x: torch.Tensor, kind: str, g: torch.Generator, exact: bool = False) -> None:
+def _inject(x: torch.Tensor, kind: str, g: torch.Generator) -> None:
     """Replace a share of x's storage span (offset 0, as _fill makes it) with special values, in place. A position
-    drawn twice gets the later value. `exact`: whatever the process's thread count. Without it, an assignment through
-    repeated positions is left to torch's parallel indexing, which on more than one thread writes either value: the
-    same seed then made other sets in another decision, and the original's outputs, kept from an earlier decision on
-    that graph and seed, were compared with a candidate's run on other inputs (an honest candidate rejected as
-    `wrong-values` and `input-mutated` on the extremes set, with two test suites side by side)."""
+    drawn twice gets the later value, whatever the process's thread count (the sets are built on the CPU, for every
+    device). Left to torch's parallel indexing, an assignment through repeated positions writes either value on more
+    than one thread: the same seed then made other sets in another decision, and the original's outputs, kept from an
+    earlier decision on that graph and seed, were compared with a candidate's run on other inputs (an honest candidate
+    rejected as `wrong-values` and `input-mutated` on the extremes set, with two test suites side by side)."""
     n = span_numel(x)
     flat = x.as_strided((n,), (1,), 0)
     share = NONFINITE_SHARE if kind == "nonfinite" else EXTREME_SHARE
     k = min(n, max(4, round(n * share)))
     pos = torch.randint(0, n, (k,), generator=g)  # at 1/32 of n, a few hundred positions come twice
     vals = (_nonfinite(k) if kind == "nonfinite" else _extremes(k, x.dtype, g)).to(x.dtype)
-    if exact:  # each position once, with the value of its last draw (scatter's max of the draws' order)
-        pos, where = torch.unique(pos, return_inverse=True)
-        last = torch.zeros(pos.numel(), dtype=torch.long).scatter_reduce_(0, where, torch.arange(k), "amax",
-                                                                          include_self=False)
-        vals = vals[last]
+    # each position once, with the value of its last draw (scatter's max of the draws' order)
+    pos, where = torch.unique(pos, return_inverse=True)
+    last = torch.zeros(pos.numel(), dtype=torch.long).scatter_reduce_(0, where, torch.arange(k), "amax",
+                                                                      include_self=False)
+    vals = vals[last]
     flat[pos] = vals
 
 
