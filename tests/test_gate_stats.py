@@ -464,6 +464,23 @@ class _Slow:
             return {"ok": True}
         time.sleep(0.002)
         ns = int(20_000 * math.exp(self.rng.gauss(0.0, 0.3)))
+class _BesideSlowed:
+    """Two workers: the timer's original 20 us a sample; in the candidate's worker the candidate 22 us (0.91x) and
+    the original beside it 30 ms for the first `spoil` of its samples (the candidate's process slowing it: it runs
+    there), then 20 us. `keeps` counts the check words the candidate's worker hears (True ones)."""
+
+    def __init__(self, role_ns: dict, spoil: int = 0):
+        self.role_ns, self.spoil, self.seen, self.keeps = role_ns, spoil, 0, 0
+
+    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
+        if msg["op"] == "warm" and msg.get("keep"):
+            self.keeps += 1
+        if msg["op"] != "time":
+            return {"ok": True}
+        ns = self.role_ns[msg["role"]]
+        if msg["role"] == "baseline" and self.spoil:
+            self.seen += 1
+            ns = 30_000_000 if self.seen <= self.spoil else ns
         self.sent_ns, self.marks = 0, [10, 10 + ns]
         return {"ok": True, "ns": ns}
 
@@ -490,3 +507,38 @@ def test_a_busy_machines_longer_pass_looks_no_more_often_than_one_given_that_bud
     assert quiet.budget_s == 0.4 and quiet.busy_share == 0.0 and busy.budget_s == pytest.approx(1.2)
     assert busy.busy_share > 0.8 and busy.samples > 2 * quiet.samples
     assert len(seen["busy"][0]) <= len(seen["long"][0]) + 2, seen
+def test_an_original_slowed_only_beside_the_candidate_is_not_measured_again_and_the_apart_comparison_binds():
+    """The original beside the candidate runs in the candidate's process, which can slow it at will: were that a
+    reason to measure the pass again, the candidate would choose which passes count (a best of several draws)."""
+    timer = _BesideSlowed({"baseline": 20_000})
+    cand = _BesideSlowed({"baseline": 20_000, "candidate": 22_000}, spoil=10**6)
+    t, reasons, _ = timing.measure(timer, cand, Policy(time_budget_s=5.0), "launch", 1, 20_000.0)
+    assert [r.code for r in reasons] == ["not-faster"] and t.apart_speedup < 1.0 < t.beside_speedup
+    assert t.samples == len(t.beside_ns)  # one pass: no second one was measured
+
+
+def test_the_cap_on_checked_samples_counts_each_pass_alone():
+    """A pass measured again keeps drawing checks: were the cap shared, a first pass that used it up would leave every
+    round of the next unchecked but each batch's last, and the candidate hears every word."""
+    rng = random.Random(3)
+    # Every role 30 ms a call, 1500x the original alone: both passes are measured; the candidate at the needed 1.02x
+    # stays undecided.
+    t, reasons, kept = timing.measure(_Jittery(rng, 30_000_000), _Jittery(rng, 30_000_000, 1.02),
+                                      Policy(time_budget_s=5.0, max_rounds=200), "launch", 1, 20_000.0)
+    assert [r.code for r in reasons] == ["unstable-timing"] and t.samples == 200  # undecided to the last round
+    # Each pass kept its own 24 (and each batch's last round); a shared cap left the second pass only the latter.
+    assert len(kept) >= 2 * timing.MAX_CHECKED_SAMPLES
+
+
+class _Jittery:
+    """A worker whose every sample takes `ns` with log-normal noise (sigma 0.1), the candidate's `speed` times less."""
+
+    def __init__(self, rng: random.Random, ns: int, speed: float = 1.0):
+        self.rng, self.ns, self.speed = rng, ns, speed
+
+    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
+        if msg["op"] != "time":
+            return {"ok": True}
+        ns = int(self.ns * math.exp(self.rng.gauss(0.0, 0.1)) / (self.speed if msg["role"] == "candidate" else 1.0))
+        self.sent_ns, self.marks = 0, [10, 10 + ns]
+        return {"ok": True, "ns": ns}

@@ -167,13 +167,18 @@ def measure(timer, cand, policy, mode: str, reps: int, per_call_ns: float, base_
         for x in (b_all, c_all, i_all, *short.values(), *pre.values(), *post.values(), *waited.values()):
             x.clear()
         idle.update(cpu=0, wall=0)
+        pending["pass_start"] = len(kept)
         state, apart, near, k = _sample_rounds(policy, sides, rng, reps, k, contents, buffers, timeout_s, kept, pending,
                                                idle, gap_ns, short, (pre, post, waited), beside, watching, busy)
         if state == "forged":
             return None, [apart], kept
         # The candidate's own processes busy while the original ran is its doing, not the machine's: never measured
         # again (a hog spinning in a forked process slows the original apart too).
-        why = "" if _busy(idle) else windows.implausible(b_all, i_all, reps, per_call_ns + gap_ns)
+        # On the original's samples in its own worker only: the original beside the candidate runs in the candidate's
+        # process, which could slow it at will and so choose which passes are measured again (a best of several
+        # draws of the noise). Slowed there alone, it only makes the beside comparison look better for the
+        # candidate, and the apart one binds (est below).
+        why = "" if _busy(idle) else windows.implausible(b_all, [], reps, per_call_ns + gap_ns)
         if not why:
             break
     est = min(apart, near or apart, key=lambda e: e.low)  # the binding comparison is the one reported
@@ -335,7 +340,11 @@ def _round(sides: list, rng, reps: int, k: int, contents: int, buffers: int, tim
             pre[1][side].append(s.post_ns)
             pre[2][side].append(s.waited_ns)
         if role == "candidate":
-            keep = last or (len(kept) < MAX_CHECKED_SAMPLES and rng.random() < KEEP_PROBABILITY)
+            # The cap counts this pass's kept samples only: a pass measured again (or one before it) that used the
+            # cap up would leave every round of the next unchecked but the last of each batch, and the candidate
+            # hears each word (pending), so it would know when.
+            keep = last or (len(kept) - pending.get("pass_start", 0) < MAX_CHECKED_SAMPLES
+                            and rng.random() < KEEP_PROBABILITY)
             pending["keep"] = keep
             if keep:
                 digest = w.frozen if stops else reply.get("digest") if isinstance(reply, dict) else None
