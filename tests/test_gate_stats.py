@@ -464,23 +464,6 @@ class _Slow:
             return {"ok": True}
         time.sleep(0.002)
         ns = int(20_000 * math.exp(self.rng.gauss(0.0, 0.3)))
-class _BesideSlowed:
-    """Two workers: the timer's original 20 us a sample; in the candidate's worker the candidate 22 us (0.91x) and
-    the original beside it 30 ms for the first `spoil` of its samples (the candidate's process slowing it: it runs
-    there), then 20 us. `keeps` counts the check words the candidate's worker hears (True ones)."""
-
-    def __init__(self, role_ns: dict, spoil: int = 0):
-        self.role_ns, self.spoil, self.seen, self.keeps = role_ns, spoil, 0, 0
-
-    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
-        if msg["op"] == "warm" and msg.get("keep"):
-            self.keeps += 1
-        if msg["op"] != "time":
-            return {"ok": True}
-        ns = self.role_ns[msg["role"]]
-        if msg["role"] == "baseline" and self.spoil:
-            self.seen += 1
-            ns = 30_000_000 if self.seen <= self.spoil else ns
         self.sent_ns, self.marks = 0, [10, 10 + ns]
         return {"ok": True, "ns": ns}
 
@@ -507,6 +490,29 @@ def test_a_busy_machines_longer_pass_looks_no_more_often_than_one_given_that_bud
     assert quiet.budget_s == 0.4 and quiet.busy_share == 0.0 and busy.budget_s == pytest.approx(1.2)
     assert busy.busy_share > 0.8 and busy.samples > 2 * quiet.samples
     assert len(seen["busy"][0]) <= len(seen["long"][0]) + 2, seen
+
+
+class _BesideSlowed:
+    """Two workers: the timer's original 20 us a sample; in the candidate's worker the candidate 22 us (0.91x) and
+    the original beside it 30 ms for the first `spoil` of its samples (the candidate's process slowing it: it runs
+    there), then 20 us. `keeps` counts the check words the candidate's worker hears (True ones)."""
+
+    def __init__(self, role_ns: dict, spoil: int = 0):
+        self.role_ns, self.spoil, self.seen, self.keeps = role_ns, spoil, 0, 0
+
+    def request(self, msg: dict, timeout_s: float, read=None) -> dict:
+        if msg["op"] == "warm" and msg.get("keep"):
+            self.keeps += 1
+        if msg["op"] != "time":
+            return {"ok": True}
+        ns = self.role_ns[msg["role"]]
+        if msg["role"] == "baseline" and self.spoil:
+            self.seen += 1
+            ns = 30_000_000 if self.seen <= self.spoil else ns
+        self.sent_ns, self.marks = 0, [10, 10 + ns]
+        return {"ok": True, "ns": ns}
+
+
 def test_an_original_slowed_only_beside_the_candidate_is_not_measured_again_and_the_apart_comparison_binds():
     """The original beside the candidate runs in the candidate's process, which can slow it at will: were that a
     reason to measure the pass again, the candidate would choose which passes count (a best of several draws)."""
