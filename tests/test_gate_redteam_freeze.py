@@ -83,4 +83,9 @@ def test_gate_rejects_a_cheat_that_chooses_which_call_is_checked(inf_graph, tmp_
     # native thread is still running when the worker's checks after a request look (seen once in the suite).
     assert v.codes in ([code], ["not-faster"], ["process-state"]), v.reasons
     if request.node.callspec.id.endswith("-parent-refill"):
-        assert t is not None and t.inputs_from_parent
+        # A worker refused for its process state (the cheat's thread seen running) is refused before any sample is
+        # timed: there is no timing to say where the inputs came from (seen once in a fresh clone's suite).
+        if v.codes == ["process-state"]:
+            assert t is None or t.inputs_from_parent, v.reasons
+        else:
+            assert t is not None and t.inputs_from_parent, v.reasons
