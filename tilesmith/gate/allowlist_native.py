@@ -10,8 +10,11 @@ only (no `nm` or `readelf`, which a machine may lack, and no output format to pa
 - every symbol it imports (its undefined dynamic symbols, read the way the dynamic linker finds them: PT_DYNAMIC,
   the hash tables and the relocations, never the section headers, which nothing at run time reads) is on the list
   below, each entry there because honest Inductor kernels need it;
-- its executable bytes hold no system-call instruction of its own (x86-64 `syscall`, `sysenter`, `int 0x80`;
-  aarch64 `svc`), searched at every byte offset, so a misaligned one is found too;
+- its code holds no system-call instruction of its own (x86-64 `syscall`, `sysenter`, `int 0x80`; aarch64 `svc`):
+  on x86-64, every instruction execution can reach from an address the library names, by fall-through, a direct
+  branch or a RIP-relative address, is decoded (gate/x86.py), so one hidden inside another instruction and jumped
+  into is found, and the same bytes inside a displacement or an immediate are not (counted at every byte offset,
+  they rejected honest kernels);
 - `getenv` and `strtoull`, which Inductor's own Python binding calls once (PyInit_kernel reads the address of a
   torch function from _TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR), are referenced from one place at most (x86-64).
 
@@ -30,6 +33,8 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
+
+from tilesmith.gate import x86
 
 X86_64, AARCH64 = 62, 183
 _PT_LOAD, _PT_DYNAMIC, _PF_X = 1, 2, 1
@@ -100,6 +105,7 @@ class Library:
     search_paths: list[str] = field(default_factory=list)  # DT_RPATH / DT_RUNPATH entries
     loaders: list[str] = field(default_factory=list)  # DT_AUDIT and the like, by name
     imports: dict[str, list[int]] = field(default_factory=dict)  # undefined symbol -> its relocation slots (vaddr)
+    entries: list[int] = field(default_factory=list)  # addresses it names: defined symbols, relocations, init/fini
     code: list[tuple[int, bytes]] = field(default_factory=list)  # (vaddr, bytes) of each executable segment
 
 
@@ -144,12 +150,41 @@ def read_library(data: bytes) -> Library:
         st_name, _, _, st_shndx = _unpack("<IBBH", data, symtab + 24 * i)
         if st_shndx == 0 and st_name:  # SHN_UNDEF: resolved from another library at load
             lib.imports.setdefault(name(st_name), [])
+        elif st_shndx:
+            lib.entries.append(_unpack("<Q", data, symtab + 24 * i + 8)[0])
     for sym, slot in relocs:
         if sym:
             st_name, _, _, st_shndx = _unpack("<IBBH", data, symtab + 24 * sym)
             if st_shndx == 0 and st_name:
                 lib.imports.setdefault(name(st_name), []).append(slot)
+    lib.entries += _named_addresses(data, dyn, at, loads)
     return lib
+
+
+def _named_addresses(data: bytes, dyn: dict, at, loads: list) -> list[int]:
+    """Addresses the dynamic linker hands the code: DT_INIT/DT_FINI, each relocation's addend (RELA) and each
+    relocated slot's stored value (REL, and the init/fini arrays' entries)."""
+    out = [v for tag in (12, 13) for v in dyn.get(tag, [])]
+    for array, size in ((25, 27), (26, 28)):  # DT_INIT_ARRAY / DT_FINI_ARRAY and their sizes
+        for v, n in zip(dyn.get(array, []), dyn.get(size, [])):
+            try:
+                out += list(struct.unpack_from(f"<{n // 8}Q", data, _offset(loads, v)))
+            except (ElfError, struct.error):
+                pass
+    for table, size, entsize in (("RELA", "RELASZ", 24), ("JMPREL", "PLTRELSZ", 24 if dyn.get(20, [7])[0] == 7 else 16),
+                                 ("REL", "RELSZ", 16)):
+        if _DT[table] not in dyn:
+            continue
+        base, n = at(_one(dyn, table)), _one(dyn, size) // entsize
+        for i in range(n):
+            r_offset, = _unpack("<Q", data, base + entsize * i)
+            if entsize == 24:
+                out.append(_unpack("<q", data, base + entsize * i + 16)[0])
+            try:
+                out.append(_unpack("<Q", data, _offset(loads, r_offset))[0])
+            except ElfError:
+                pass  # a slot in memory the file does not hold (.bss)
+    return out
 
 
 def _unpack(fmt: str, data: bytes, off: int) -> tuple:
@@ -224,16 +259,20 @@ def _hash_count(data: bytes, dyn: dict, at) -> int:
 
 # -- what the library's code contains ----------------------------------------------------------------------------
 
-_X86_SYSCALLS = (b"\x0f\x05", b"\x0f\x34", b"\xcd\x80")  # syscall, sysenter, int 0x80
+# syscall, sysenter, int 0x80, and syscall/sysenter under APX's REX2 prefix: one of these is in every such instruction
+_X86_SYSCALL_BYTES = re.compile(rb"\x0f[\x05\x34]|\xcd\x80|\xd5[\x80-\xff][\x05\x34]")
 
 
 def raw_system_calls(lib: Library) -> int:
-    """System-call instructions in the executable segments, at any byte offset (x86-64) or word (aarch64)."""
+    """System-call instructions in the executable segments: on x86-64, those the code can reach (gate/x86.py; decoded
+    only where the bytes occur at all), on aarch64 any aligned word."""
+    if lib.machine == X86_64:
+        if not any(_X86_SYSCALL_BYTES.search(code) for _, code in lib.code):
+            return 0
+        return x86.system_calls(lib.code, lib.entries)
     n = 0
     for _, code in lib.code:
-        if lib.machine == X86_64:
-            n += sum(code.count(p) for p in _X86_SYSCALLS)
-        elif lib.machine == AARCH64:
+        if lib.machine == AARCH64:
             words = struct.unpack_from(f"<{len(code) // 4}I", code)
             n += sum(1 for w in words if w & 0xFFE0001F == 0xD4000001)  # svc #imm
     return n
