@@ -143,3 +143,18 @@ def test_a_decode_step_that_writes_a_static_kv_cache_is_judged_honestly_and_a_sk
     assert not problem, problem
     v, _ = corpus.judged(g, cheats.updates_copies_instead(text), tmp_path / "cheat", "cheat")
     assert not v.accepted and "input-mutated" in v.codes, (v.stage, v.reasons)
+
+
+def test_a_tuners_screen_and_the_profile_call_a_decode_step_from_its_captured_state_every_time(decode_ws):
+    """The tuner's screen calls each variant hundreds of times on one set of buffers: each call advanced the cache's
+    position, until one ran past the cache's end (an index out of bounds: the screen lost every variant). Each
+    timed call now starts from the captured state (capture/loading.state_reset), as the gate's samples do."""
+    from tilesmith.profile.baseline import profile_graph
+    from tilesmith.search import measure
+
+    g, _ = _decode_graph(decode_ws)
+    text = (g / "wrapper.py").read_text()
+    screens = measure.screen(g, [("a", text), ("b", text)], budget_s=2.0)
+    # 64 cache positions, 4 taken by the prompt: 60 calls from one state would have run past the end
+    assert all(not s.error and len(s.samples_ms) > 60 for s in screens), [(s.error, len(s.samples_ms)) for s in screens]
+    assert profile_graph(g, text, calls=70).wall_ms > 0

@@ -48,6 +48,26 @@ def clone_args(inputs: list) -> list:
     return [snapshot(x) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
+def state_reset(data: GraphData, args: list):
+    """For a graph that updates some inputs in place (graph.json's mutated_inputs: running statistics, an optimizer's
+    state, a KV cache and its position), a function that puts the values the captured call found back into those of
+    `args`, in place; None for a graph that updates none. A worker that calls the graph again and again on one set of
+    buffers calls it before each timed call (outside the time), so every call starts from the captured state as the
+    gate's samples do: a decoder's cache position, advanced by each call, otherwise ran past the cache's end (an
+    index out of bounds at the 252nd call of a tuner's screen)."""
+    from tilesmith.capture.tensors import snapshot
+
+    kept = [(args[i], snapshot(data.inputs[i])) for i in sorted(int(i) for i in data.meta.get("mutated_inputs") or [])
+            if i < len(args) and isinstance(args[i], torch.Tensor)]
+    if not kept:
+        return None
+
+    def reset() -> None:
+        for dst, src in kept:
+            dst.copy_(src)
+    return reset
+
+
 def reply(answer: dict) -> None:
     """A worker's last act: print its answer as one JSON line and leave at once. The interpreter's own
     shutdown (the profiler's and Inductor's compile pool's exit handlers, CUDA's teardown) is no part of
