@@ -473,3 +473,16 @@ def test_what_the_tuner_tried_on_a_kernel_reads_its_screened_variants():
     assert tried_text(rows[1:2]) == "1 variant(s) screened, best XBLOCK=256 at 0.880x the call: none faster"
     assert tried_text([]) == "not tried"
 
+
+
+def test_report_says_when_the_baseline_profile_ran_on_a_busy_machine(copied_run):
+    """The profile's run records how much of its time some task waited for a CPU (profile/baseline.py busy_share);
+    at BUSY_SHARE or more the report says its times may be another program's (a 4 ms decoder step was profiled at
+    140 ms beside a test suite)."""
+    profile = _track_eligible(copied_run) / "profiles" / "baseline.json"
+    prof = _jsonfile(profile)
+    assert "busy_share" in prof  # every profile records it (None where the kernel keeps no pressure count)
+    for share, said in ((0.0, False), (0.6, True)):
+        profile.write_text(json.dumps({**prof, "busy_share": share}))
+        (g,) = [g for g in build_report().graphs if g.eligible]
+        assert any("busy machine" in n and ("60%" in n) for n in g.notes) == said, g.notes

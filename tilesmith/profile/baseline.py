@@ -17,8 +17,11 @@ from tilesmith import paths
 from tilesmith.launch import sandbox
 from tilesmith.launch.secrets import redact, redact_obj
 from tilesmith.errors import TilesmithError
+from tilesmith.gate import procfs
 from tilesmith.gate.proc import calm_spares
 from tilesmith.workspace import graph_devices
+
+BUSY_SHARE = 0.25  # a profile whose run saw some task wait for a CPU this share of the time or more: flagged
 
 
 @dataclass
@@ -58,6 +61,10 @@ class Profile:
     ceilings: dict = field(default_factory=dict)  # roofline.Ceilings.to_dict(): measured or datasheet
     counters: str = ""  # whether hardware counters (ncu) were readable, said plainly
     phases_s: dict = field(default_factory=dict)  # the worker's seconds per phase (load, warm_up, wall, ...)
+    # Of the worker's whole run, the share some task on the machine waited for a CPU (/proc/pressure/cpu; None where
+    # the kernel keeps no such count). At BUSY_SHARE or more the times may be another program's: a decoder step's
+    # 4 ms call was profiled at 140 ms beside a test suite, its samples on the scheduler's 4 ms ticks.
+    busy_share: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -97,9 +104,11 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
         cmd = [sys.executable, "-m", "tilesmith.profile.worker", "--batch", str(Path(tmp) / "jobs.json"), str(calls)]
         calm_spares()  # no gate worker may still be starting while this one measures
         spec = sandbox.Spec.for_graphs(tmp, graph_devices(gdirs), readable=[str(g) for g in gdirs])
-        called = time.time()
+        called, stalled = time.time(), procfs.cpu_pressure_us()
         res = sandbox.run_json(cmd, spec, timeout_s)
-        ended = time.time()
+        ended, stalled_after = time.time(), procfs.cpu_pressure_us()
+    busy = (round(min(1.0, (stalled_after - stalled) / 1e6 / max(ended - called, 1e-3)), 3)
+            if stalled is not None and stalled_after is not None else None)
     names = ", ".join(g.name[:12] for g in gdirs)
     if res.returncode is None:
         return [TilesmithError(f"profiling {names} took over {timeout_s:.0f} s", code="profile-timeout")] * len(jobs)
@@ -115,6 +124,7 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
         else:
             p = summarize(redact_obj(r))
             p.phases_s.update(process)
+            p.busy_share = busy
             out.append(p)
     return out
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tilesmith import runs
 from tilesmith.errors import TilesmithError
+from tilesmith.profile.baseline import BUSY_SHARE
 from tilesmith.report import setting as rs
 from tilesmith.report.rows import CandidateRow, GraphReport, KernelRow, ProgramEstimate, Report
 
@@ -98,6 +99,11 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
     elif gate:  # no profile (e.g. a submit run)
         baseline_ms, source, bmode = float(gate["baseline_ms"]), "gate", str(gate.get("mode") or "launch")
     notes += _timing_notes(verdicts)
+    busy = prof.get("busy_share") if isinstance(prof, dict) else None
+    if _num(busy) and busy >= BUSY_SHARE:
+        notes.append(f"the baseline profile ran on a busy machine (some task waited for a CPU {busy:.0%} of its time): "
+                     "its times and the kernels' order may be another program's; the gate's own verdicts are "
+                     "judged apart. Run `tilesmith optimize` again on a quiet machine for a faithful profile")
     if mode == rs.CUDAGRAPHS and bmode == "launch":
         notes.append("compiled with CUDA graphs, but no verdict timed Inductor's replay of the original: "
                      "the baseline (and best) here are plain launches")
