@@ -344,6 +344,10 @@ def _a_triton_kernel() -> str:
     (lambda s: s.replace("xnumel = 2048", "xnumel = (lambda: 2048)()"), "allowlist-kernel"),
     (lambda s: s.replace("tl.store(", "tl.store.__globals__; tl.store("), "allowlist-attribute"),
     (lambda s: s.replace("filename=__file__", "filename='/tmp/x'"), "allowlist-kernel"),
+    # of triton.language.extra, only programmatic dependent launch's two calls (tests/fixtures/gpu_wrappers/decode-pdl):
+    # not the GPU's clock, which a kernel could read to tell the gate's runs from the program's
+    (lambda s: s.replace("xnumel = 2048", "xnumel = tl.extra.cuda.globaltimer()"), "allowlist-attribute"),
+    (lambda s: s.replace("xnumel = 2048", "xnumel = tl.extra.cuda.libdevice.abs(1)"), "allowlist-attribute"),
 ])
 def test_a_triton_kernel_source_is_checked_as_the_python_module_it_is(edit, code):
     src = _a_triton_kernel()

@@ -141,6 +141,11 @@ KERNEL_FROM = frozenset({
     ("torch._inductor.runtime.triton_compat", "libdevice"), ("torch._inductor.runtime.triton_helpers", "math"),
 })
 KERNEL_IMPORT = frozenset({"triton", "triton.language", "math"})
+# Programmatic dependent launch, as Inductor writes it when a re-lowering turns it on (triton.enable_pdl): the PTX
+# griddepcontrol instructions, which order this kernel after the one before it on the stream, and nothing else of
+# triton.language.extra (which holds the CUDA and HIP libdevice and the raw intrinsics).
+PDL_CALLS = frozenset({"triton.language.extra.cuda.gdc_wait", "triton.language.extra.cuda.gdc_launch_dependents"})
+PDL = PDL_CALLS | {"triton.language.extra", "triton.language.extra.cuda"}
 # Decorators Inductor writes (and the tuner's fixed_config); their arguments are data (see allowlist._decorator).
 HEURISTICS = frozenset({"pointwise", "reduction", "persistent_reduction", "split_scan", "template", "foreach",
                         "cooperative_reduction", "fixed_config", "user_autotune"})
@@ -245,6 +250,8 @@ def _classify_kernel(path: str) -> str | None:
         return "namespace"
     if path in ("triton.jit", "triton.cdiv", "triton.next_power_of_2", "torch._inductor.runtime.hints.DeviceProperties"):
         return "leaf"
+    if path in PDL:
+        return "leaf" if path in PDL_CALLS else "namespace"
     if last.startswith("_"):
         return None
     if head == "triton.language":
