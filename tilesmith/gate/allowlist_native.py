@@ -15,6 +15,13 @@ only (no `nm` or `readelf`, which a machine may lack, and no output format to pa
   branch or a RIP-relative address, is decoded (gate/x86.py), so one hidden inside another instruction and jumped
   into is found, and the same bytes inside a displacement or an immediate are not (counted at every byte offset,
   they rejected honest kernels);
+- on x86-64 no far return, call or jump or iret is reachable either: each can switch the CPU to 32-bit code, in
+  which the same bytes decode otherwise;
+- what runs is what the file holds: each executable segment is read as the loader maps it (whole pages), no segment
+  is writable and executable, none is mapped over another, no relocation writes into code (text relocations), the
+  stack is declared and not executable; the addresses decoded from include DT_RELR's packed relocations and each
+  relocation's symbol plus addend, and the symbols are counted by whichever hash table names more (a red team's
+  ways past the first version of the sweep, tests/test_gate_native_layout.py);
 - `getenv` and `strtoull`, which Inductor's own Python binding calls once (PyInit_kernel reads the address of a
   torch function from _TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR), are referenced from one place at most (x86-64).
 
@@ -106,6 +113,7 @@ class Library:
     loaders: list[str] = field(default_factory=list)  # DT_AUDIT and the like, by name
     imports: dict[str, list[int]] = field(default_factory=dict)  # undefined symbol -> its relocation slots (vaddr)
     entries: list[int] = field(default_factory=list)  # addresses it names: defined symbols, relocations, init/fini
+    layout: list[str] = field(default_factory=list)  # what in its segments and relocations no compiler's plain output has
     code: list[tuple[int, bytes]] = field(default_factory=list)  # (vaddr, bytes) of each executable segment
 
 
@@ -126,14 +134,18 @@ def read_library(data: bytes) -> Library:
     machine, = struct.unpack_from("<H", data, 0x12)
     phoff, = struct.unpack_from("<Q", data, 0x20)
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
-    loads, dynamic = [], None
+    loads, dynamic, spans, stack = [], None, [], None
     for i in range(phnum):
-        p_type, p_flags, off, vaddr, _, filesz, _, _ = _unpack("<IIQQQQQQ", data, phoff + i * phentsize)
+        p_type, p_flags, off, vaddr, _, filesz, memsz, _ = _unpack("<IIQQQQQQ", data, phoff + i * phentsize)
         if p_type == _PT_LOAD:
             loads.append((vaddr, off, filesz, p_flags))
+            spans.append((vaddr & -_PAGE, -(-(vaddr + max(memsz, filesz)) // _PAGE) * _PAGE))
         elif p_type == _PT_DYNAMIC:
             dynamic = (off, filesz)
-    lib = Library(machine, code=[(v, data[o:o + n]) for v, o, n, fl in loads if fl & _PF_X])
+        elif p_type == _PT_GNU_STACK:
+            stack = p_flags
+    lib = Library(machine, code=[_mapped_code(data, v, o, n, machine) for v, o, n, fl in loads if fl & _PF_X])
+    lib.layout += _layout(loads, spans, stack)
     if dynamic is None:
         raise ElfError("no dynamic section: not a shared library")
     dyn = _dynamic_entries(data, *dynamic)
@@ -157,13 +169,71 @@ def read_library(data: bytes) -> Library:
             st_name, _, _, st_shndx = _unpack("<IBBH", data, symtab + 24 * sym)
             if st_shndx == 0 and st_name:
                 lib.imports.setdefault(name(st_name), []).append(slot)
-    lib.entries += _named_addresses(data, dyn, at, loads)
+    lib.entries += _named_addresses(data, dyn, at, loads, symtab)
+    relr = _relr_slots(data, dyn, at)
+    slots = [slot for _, slot in relocs] + relr
+    for slot in relr:
+        try:
+            lib.entries.append(_unpack("<Q", data, _offset(loads, slot))[0])
+        except ElfError:
+            pass  # a slot in memory the file does not hold
+    if 22 in dyn or any(v & 4 for v in dyn.get(30, [])):  # DT_TEXTREL, DT_FLAGS' DF_TEXTREL
+        lib.layout.append("relocates its own code (text relocations)")
+    elif any(lo <= s < hi for s in slots for lo, hi in ((b, b + len(c)) for b, c in lib.code)):
+        lib.layout.append("has a relocation that writes into its code")
     return lib
 
 
-def _named_addresses(data: bytes, dyn: dict, at, loads: list) -> list[int]:
-    """Addresses the dynamic linker hands the code: DT_INIT/DT_FINI, each relocation's addend (RELA) and each
-    relocated slot's stored value (REL, and the init/fini arrays' entries)."""
+_PAGE = 4096  # mappings are whole pages: bytes of the file around a segment on its pages are mapped with it
+_PT_GNU_STACK = 0x6474E551
+
+
+def _mapped_code(data: bytes, vaddr: int, off: int, filesz: int, machine: int) -> tuple[int, bytes]:
+    """An executable segment as the loader maps it: from its first page's start to its last page's end (on aarch64
+    pages of up to 64 KiB), the file's bytes there; the segment's own bytes are only part of what runs."""
+    page = 1 << 16 if machine == AARCH64 else _PAGE
+    head = min(vaddr % page, off)
+    end = min(len(data), off + filesz + (-(vaddr + filesz)) % page)
+    return vaddr - head, data[off - head:end]
+
+
+def _layout(loads: list, spans: list, stack: int | None) -> list[str]:
+    """Segment properties no compiler's plain output of a kernel has, each a way to run bytes the check never read:
+    a segment writable and executable (code that writes itself), segments mapped over each other (the later one
+    wins, unseen), an executable stack or none declared (the loader then makes the stack executable)."""
+    out = []
+    if any(fl & _PF_X and fl & 2 for *_, fl in loads):
+        out.append("has a segment both writable and executable")
+    ordered = sorted(spans)
+    if any(a[1] > b[0] for a, b in zip(ordered, ordered[1:])):
+        out.append("maps segments over each other")
+    if stack is None or stack & _PF_X:
+        out.append("asks for an executable stack" if stack is not None else "declares no stack (PT_GNU_STACK): the "
+                   "loader would make the stack executable")
+    return out
+
+
+def _relr_slots(data: bytes, dyn: dict, at) -> list[int]:
+    """The slots DT_RELR's packed relative relocations write (-z pack-relative-relocs): an address entry, then
+    bitmaps of the 63 words after it."""
+    if 36 not in dyn or 35 not in dyn:
+        return []
+    base, n = at(dyn[36][0]), dyn[35][0] // 8
+    out, where = [], 0
+    for i in range(n):
+        e, = _unpack("<Q", data, base + 8 * i)
+        if not e & 1:
+            out.append(e)
+            where = e + 8
+        else:
+            out += [where + 8 * k for k in range(63) if e >> (k + 1) & 1]
+            where += 63 * 8
+    return out
+
+
+def _named_addresses(data: bytes, dyn: dict, at, loads: list, symtab: int) -> list[int]:
+    """Addresses the dynamic linker hands the code: DT_INIT/DT_FINI, each relocation's addend (RELA), its symbol's
+    value plus that addend, and each relocated slot's stored value (REL, and the init/fini arrays' entries)."""
     out = [v for tag in (12, 13) for v in dyn.get(tag, [])]
     for array, size in ((25, 27), (26, 28)):  # DT_INIT_ARRAY / DT_FINI_ARRAY and their sizes
         for v, n in zip(dyn.get(array, []), dyn.get(size, [])):
@@ -177,9 +247,11 @@ def _named_addresses(data: bytes, dyn: dict, at, loads: list) -> list[int]:
             continue
         base, n = at(_one(dyn, table)), _one(dyn, size) // entsize
         for i in range(n):
-            r_offset, = _unpack("<Q", data, base + entsize * i)
-            if entsize == 24:
-                out.append(_unpack("<q", data, base + entsize * i + 16)[0])
+            r_offset, r_info = _unpack("<QQ", data, base + entsize * i)
+            addend = _unpack("<q", data, base + entsize * i + 16)[0] if entsize == 24 else 0
+            out.append(addend)
+            if r_info >> 32:  # against a symbol: where it points is the symbol's value plus the addend
+                out.append(_unpack("<Q", data, symtab + 24 * (r_info >> 32) + 8)[0] + addend)
             try:
                 out.append(_unpack("<Q", data, _offset(loads, r_offset))[0])
             except ElfError:
@@ -240,11 +312,16 @@ def _relocations(data: bytes, dyn: dict, at) -> list[tuple[int, int]]:
 
 
 def _hash_count(data: bytes, dyn: dict, at) -> int:
-    """How many dynamic symbols there are: DT_HASH says it; DT_GNU_HASH's last chain ends at the last one."""
-    if _DT["HASH"] in dyn:
-        return _unpack("<II", data, at(_one(dyn, "HASH")))[1]
+    """How many dynamic symbols there are, the most either table says: DT_HASH's count, or where DT_GNU_HASH's last
+    chain ends (the loader looks names up through DT_GNU_HASH where both exist, so a DT_HASH that counts fewer must
+    not hide a symbol)."""
+    n = _unpack("<II", data, at(_one(dyn, "HASH")))[1] if _DT["HASH"] in dyn else 0
     if _DT["GNU_HASH"] not in dyn:
-        return 0
+        return n
+    return max(n, _gnu_hash_count(data, dyn, at))
+
+
+def _gnu_hash_count(data: bytes, dyn: dict, at) -> int:
     h = at(_one(dyn, "GNU_HASH"))
     nbuckets, symoffset, bloom_size, _ = _unpack("<IIII", data, h)
     buckets = h + 16 + 8 * bloom_size
@@ -263,19 +340,21 @@ def _hash_count(data: bytes, dyn: dict, at) -> int:
 _X86_SYSCALL_BYTES = re.compile(rb"\x0f[\x05\x34]|\xcd\x80|\xd5[\x80-\xff][\x05\x34]")
 
 
-def raw_system_calls(lib: Library) -> int:
-    """System-call instructions in the executable segments: on x86-64, those the code can reach (gate/x86.py; decoded
-    only where the bytes occur at all), on aarch64 any aligned word."""
+def raw_system_calls(lib: Library) -> tuple[int, int]:
+    """System-call instructions in the executable segments, and far transfers (which can switch the CPU to 32-bit
+    code, where other bytes are a system call): on x86-64, those the code can reach (gate/x86.py), decoded only where
+    a system call's bytes occur at all (in either mode: without them no mode has one); on aarch64 any aligned word."""
     if lib.machine == X86_64:
         if not any(_X86_SYSCALL_BYTES.search(code) for _, code in lib.code):
-            return 0
-        return x86.system_calls(lib.code, lib.entries)
+            return 0, 0
+        found = x86.reachable(lib.code, lib.entries)
+        return found[x86.SYSCALL], found[x86.FAR]
     n = 0
     for _, code in lib.code:
         if lib.machine == AARCH64:
             words = struct.unpack_from(f"<{len(code) // 4}I", code)
             n += sum(1 for w in words if w & 0xFFE0001F == 0xD4000001)  # svc #imm
-    return n
+    return n, 0
 
 
 def call_sites(lib: Library, symbol: str) -> int:
@@ -326,6 +405,7 @@ def check_library(data: bytes, installed: tuple[str, ...] = ()) -> list[NativeFi
         if not os.path.isabs(p) or not any(os.path.realpath(p).startswith(r.rstrip("/") + "/") for r in installed):
             out.append(NativeFinding("allowlist-native-library", f"searches {p!r} for libraries"))
     out += [NativeFinding("allowlist-native-library", f"loads more code with it ({x})") for x in lib.loaders]
+    out += [NativeFinding("allowlist-native-library", x) for x in lib.layout]
     bad = sorted(s for s in lib.imports if not symbol_allowed(s))
     if bad:
         shown = ", ".join(bad[:12]) + (f" and {len(bad) - 12} more" if len(bad) > 12 else "")
@@ -336,9 +416,12 @@ def check_library(data: bytes, installed: tuple[str, ...] = ()) -> list[NativeFi
             if n > most:
                 out.append(NativeFinding("allowlist-native-symbol", f"calls {sym} from {n} places (Inductor's binding "
                                                                     f"calls it from {most})"))
-    n = raw_system_calls(lib)
+    n, far = raw_system_calls(lib)
     if n:
         out.append(NativeFinding("allowlist-native-syscall", f"holds {n} system-call instruction(s) of its own"))
+    if far:
+        out.append(NativeFinding("allowlist-native-syscall", f"holds {far} far transfer(s) (a far return, call or "
+                                                             "jump can switch the CPU to 32-bit code)"))
     return out
 
 

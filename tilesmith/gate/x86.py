@@ -73,8 +73,12 @@ _MAP1 = (
 assert len(_MAP0) == len(_MAP1) == 256
 _VEX1_IMM8 = frozenset({0x70, 0x71, 0x72, 0x73, 0xC2, 0xC4, 0xC5, 0xC6})  # the 0F map's opcodes with an imm8 under VEX/EVEX
 
-# What an instruction is, for the sweep.
-PLAIN, SYSCALL, UNSURE = 0, 1, 2
+# What an instruction is, for the sweep. FAR: a far return, far call or far jump, or iret, which can change the code
+# segment, and so the mode the CPU decodes in: 64-bit bytes that hold no system call can hold one read as 32-bit code
+# (48 b8 .. cd 80: movabs to the CPU in 64-bit mode, `dec eax; ...; int 0x80` in compatibility mode). No compiler
+# emits one in a function; each is refused as a system call is.
+PLAIN, SYSCALL, UNSURE, FAR = 0, 1, 2, 3
+_FAR_OPCODES = frozenset({0xCA, 0xCB, 0xCF})  # retf imm16, retf, iret (any operand size)
 
 
 def _modrm_len(code: bytes, i: int) -> tuple[int, int | None]:
@@ -121,7 +125,10 @@ def decode(code: bytes, i: int) -> tuple[int, int, list[int], list[int]]:
         return _map1(code, start, i, op66, addr32, rex_w)
     if b == 0xCD:
         return i + 1 - start, SYSCALL if code[i] == 0x80 else PLAIN, [], []
-    return _operands(code, start, i, _MAP0[b], op66, addr32, rex_w, b)
+    n, kind, alts, targets = _operands(code, start, i, _MAP0[b], op66, addr32, rex_w, b)
+    if b in _FAR_OPCODES or (b == 0xFF and (code[i] >> 3) & 7 in (3, 5)):  # ff /3 call far, ff /5 jmp far
+        kind = FAR
+    return n, kind, alts, targets
 
 
 def _operands(code, start, i, spec, op66, addr32, rex_w, opcode, twobyte=False):
@@ -215,6 +222,11 @@ def _vex(code, start, i):
 def system_calls(segments: list[tuple[int, bytes]], entries: list[int]) -> int:
     """System-call instructions reachable in `segments` ((vaddr, bytes) of each executable segment) from the segments'
     starts and `entries` (addresses the library names), by decoding as the module docstring says."""
+    return reachable(segments, entries)[SYSCALL]
+
+
+def reachable(segments: list[tuple[int, bytes]], entries: list[int]) -> dict[int, int]:
+    """How many reachable instructions of each kind (SYSCALL, FAR, ...) `segments` hold (see system_calls)."""
     def segment_of(addr):
         for k, (base, code) in enumerate(segments):
             if base <= addr < base + len(code):
@@ -223,7 +235,7 @@ def system_calls(segments: list[tuple[int, bytes]], entries: list[int]) -> int:
 
     seen = [set() for _ in segments]
     work = [base for base, _ in segments] + list(entries)
-    found = 0
+    found = {PLAIN: 0, SYSCALL: 0, UNSURE: 0, FAR: 0}
     while work:
         addr = work.pop()
         k = segment_of(addr)
@@ -237,7 +249,7 @@ def system_calls(segments: list[tuple[int, bytes]], entries: list[int]) -> int:
                 n, kind, alts, targets = decode(code, i)
             except IndexError:
                 break
-            found += kind == SYSCALL
+            found[kind] += 1
             work.extend(base + i + t for t in targets)
             work.extend(base + i + a for a in alts)
             if kind == UNSURE:

@@ -1,0 +1,104 @@
+"""The native check against libraries that run a system call the file's plain reading never shows: a red team's
+(2026-12-07) ways past gate/x86.py's sweep, each built here with gcc and the linker's ordinary options, each
+calling getpid (or exit) when its `kern` runs. Every one passed `check_library` before its fix."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+
+import pytest
+
+from tilesmith.gate import allowlist_native as N
+
+pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
+
+_SYSCALL = ".byte 0xb8, 0x27, 0, 0, 0, 0x0f, 0x05, 0xc3"  # mov eax, 39 (getpid); syscall; ret
+
+CASES = {
+    # the executable mapping is whole pages: file bytes after the segment's end on its last page run too
+    "page-tail": ("c", '__attribute__((visibility("hidden"))) unsigned char blob[16] = {0xb8, 0x27, 0, 0, 0, 0x0f, '
+                       '0x05, 0xc3};\n__asm__(".text\\n.globl kern\\n.type kern,@function\\nkern:\\n  jmp blob - 0x1000\\n");\n',
+                  ["-Wl,-z,noseparate-code", "-Wl,-z,norelro"], "allowlist-native-syscall"),
+    # the loader writes a relocation into the code: the file holds zeros where the syscall will be
+    "text-relocation": ("s", ".text\n.globl kern\n.type kern,@function\nkern: .quad magic\n.globl magic\n"
+                             ".set magic, 0xc3050f00000027b8\n", ["-Wl,-z,notext"], "allowlist-native-library"),
+    # code in a writable segment writes its own syscall
+    "writable-code": ("s", '.section .wtext,"awx",@progbits\n.globl kern\n.type kern,@function\n'
+                           "kern: movw $0x040f, patch(%rip)\n incb patch+1(%rip)\n mov $39, %eax\npatch: nop\n nop\n ret\n",
+                      [], "allowlist-native-library"),
+    # a pointer only a packed relative relocation (DT_RELR) holds, to bytes the sweep reads as a movabs immediate
+    "relr-pointer": ("s", ".data\n.p2align 3\nptr: .quad hidden_fn\n.text\n.globl kern\n.type kern,@function\n"
+                          f"kern: jmp *ptr(%rip)\n nop\n.byte 0x48, 0xb8\nhidden_fn: {_SYSCALL}\n",
+                     ["-Wl,-z,pack-relative-relocs"], "allowlist-native-syscall"),
+    # a relocation against a symbol plus an addend: only their sum is where it points
+    "symbol-plus-addend": ("s", ".data\n.p2align 3\nptr: .quad kern2 + 2\n.text\n.globl kern, kern2\n"
+                                f".type kern,@function\nkern: jmp *ptr(%rip)\nkern2: .byte 0x48, 0xb8\n{_SYSCALL}\n",
+                           [], "allowlist-native-syscall"),
+    # a far return to the 32-bit code segment: the same bytes, decoded as 32-bit code, are int 0x80
+    "compatibility-mode": ("s", ".text\n.globl kern\n.type kern,@function\nkern: lea 1f(%rip), %rax\n push $0x23\n"
+                                " push %rax\n lretq\n.p2align 4\n1: .byte 0x48, 0xb8, 1, 0, 0, 0, 0xbb, 0x2a, 0, 0, 0, "
+                                "0xcd, 0x80\n", [], "allowlist-native-syscall"),
+    # the control: the syscall's bytes inside an immediate, nothing reaching them
+    "honest": ("s", ".text\n.globl kern\n.type kern,@function\nkern: mov $0xc3050f, %eax\n ret\n", [], None),
+}
+
+
+_NOTE = '.section .note.GNU-stack,"",@progbits\n'  # what a compiler's assembly ends with: the stack not executable
+
+
+def _build(tmp_path, name: str) -> bytes:
+    lang, src, flags, _ = CASES[name]
+    src += _NOTE if lang == "s" else ""
+    f = tmp_path / f"{name}.{lang}"
+    f.write_text(src)
+    out = tmp_path / f"{name}.so"
+    p = subprocess.run(["gcc", "-O2", "-shared", "-fPIC", *flags, str(f), "-o", str(out)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"this toolchain cannot build {name}: {p.stderr[-300:]}")
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_library_that_runs_a_system_call_the_file_does_not_show_is_refused(tmp_path, name):
+    codes = {f.code for f in N.check_library(_build(tmp_path, name))}
+    want = CASES[name][3]
+    assert (want in codes) if want else not codes, codes
+
+
+def test_a_symbol_the_hash_table_the_loader_does_not_read_leaves_out_is_still_decoded_from(tmp_path):
+    """`--hash-style=both` with DT_HASH's count cut to 1: the loader looks `kern` up through DT_GNU_HASH, which still
+    names it, so the check counts symbols by whichever table names more."""
+    src = tmp_path / "h.s"
+    src.write_text(f".text\n.globl pre, kern\n.type kern,@function\npre: .byte 0x48, 0xb8\nkern: {_SYSCALL}\n{_NOTE}")
+    out = tmp_path / "h.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--hash-style=both", str(src), "-o", str(out)], check=True,
+                   capture_output=True)
+    data = bytearray(out.read_bytes())
+    lib = N.read_library(bytes(data))
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    loads = []
+    dyn_off = None
+    for i in range(phnum):
+        p_type, _, off, vaddr, _, filesz, _, _ = struct.unpack_from("<IIQQQQQQ", data, phoff + i * phentsize)
+        if p_type == 1:
+            loads.append((vaddr, off, filesz, 0))
+        elif p_type == 2:
+            dyn_off = off
+    entries = N._dynamic_entries(bytes(data), dyn_off, 4096)
+    hash_at = N._offset(loads, entries[4][0])
+    struct.pack_into("<I", data, hash_at + 4, 1)  # nchain = 1: DT_HASH names no symbol
+    assert [f.code for f in N.check_library(bytes(data))] == ["allowlist-native-syscall"]
+    assert lib.imports is not None
+
+
+def test_segments_mapped_over_each_other_are_refused():
+    """A second executable PT_LOAD at the first one's address: the loader maps the later one over it."""
+    loads = [(0x1000, 0x1000, 0x100, 5), (0x1000, 0x3000, 0x1000, 5)]
+    spans = [(0x1000, 0x2000), (0x1000, 0x2000)]
+    assert "maps segments over each other" in N._layout(loads, spans, 6)
+    # and a library whose assembly leaves the stack's note out gets an executable stack from the loader
+    assert N._layout(loads[:1], spans[:1], 6) == []
+    assert N._layout(loads[:1], spans[:1], 7) and N._layout(loads[:1], spans[:1], None)  # an executable stack
