@@ -40,6 +40,9 @@ CASES = {
     "compatibility-mode": ("s", ".text\n.globl kern\n.type kern,@function\nkern: lea 1f(%rip), %rax\n push $0x23\n"
                                 " push %rax\n lretq\n.p2align 4\n1: .byte 0x48, 0xb8, 1, 0, 0, 0, 0xbb, 0x2a, 0, 0, 0, "
                                 "0xcd, 0x80\n", [], "allowlist-native-syscall"),
+    # a libc function's name defined in the kernel and called through the PLT: the loader binds it to libc's own
+    "defines-a-libc-name": ("c", 'int system(const char *c) { (void)c; return -1; }\n'
+                                 'int kernel(void) { return system("true"); }\n', [], "allowlist-native-symbol"),
     # the control: the syscall's bytes inside an immediate, nothing reaching them
     "honest": ("s", ".text\n.globl kern\n.type kern,@function\nkern: mov $0xc3050f, %eax\n ret\n", [], None),
 }
@@ -102,3 +105,40 @@ def test_segments_mapped_over_each_other_are_refused():
     # and a library whose assembly leaves the stack's note out gets an executable stack from the loader
     assert N._layout(loads[:1], spans[:1], 6) == []
     assert N._layout(loads[:1], spans[:1], 7) and N._layout(loads[:1], spans[:1], None)  # an executable stack
+
+
+def test_a_dynamic_tag_named_twice_is_refused(tmp_path):
+    """glibc's loader keeps the last of a repeated tag, this check read the first: a decoy DT_STRTAB first, where
+    `system` read `memcpy`, hid the import (a red team's round 2). The library here: an honest one with its
+    DT_STRTAB named once more, in one of the spare slots the linker leaves."""
+    src = tmp_path / "k.c"
+    src.write_text("int kernel(int x) { return x + 1; }\n")
+    out = tmp_path / "k.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(src), "-o", str(out)], check=True, capture_output=True)
+    data = bytearray(out.read_bytes())
+    assert N.check_library(bytes(data)) == []
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    (dyn_off, dyn_size), = [struct.unpack_from("<QQQQQ", data, phoff + i * phentsize + 8)[0:5:4]
+                            for i in range(phnum) if struct.unpack_from("<I", data, phoff + i * phentsize)[0] == 2]
+    entries = [struct.unpack_from("<qQ", data, dyn_off + 16 * k) for k in range(dyn_size // 16)]
+    used = next(k for k, (tag, _) in enumerate(entries) if tag == 0)
+    assert used + 1 < len(entries), "no spare slot in .dynamic"
+    strtab = next(e for e in entries if e[0] == 5)
+    entries = [strtab] + entries[:used] + [(0, 0)] * (len(entries) - used - 1)
+    for k, (tag, val) in enumerate(entries):
+        struct.pack_into("<qQ", data, dyn_off + 16 * k, tag, val)
+    found = N.check_library(bytes(data))
+    assert [f.code for f in found] == ["allowlist-native-library"] and "0x5" in found[0].message, found
+
+
+@pytest.mark.parametrize("name,allowed", [
+    ("_ZNKSt7__cxx1115basic_stringbufIcSt11char_traitsIcESaIcEE3strEv", True),  # ostringstream::str(), const
+    ("_ZSt21__glibcxx_assert_failPKciS0_S0_", True), ("__cxa_throw_bad_array_new_length", True),
+    ("__tls_get_addr", True), ("_ZGVdN8v_expf", True), ("_ZGVbN2vv_pow", True),  # libmvec's expf and pow
+    ("_ZGVdN8v_system", False), ("system", False), ("dlopen", False),
+])
+def test_what_honest_gpp_output_imports_is_allowed_and_nothing_beside_it(name, allowed):
+    """A red team's honest g++ builds (-D_GLIBCXX_ASSERTIONS, make_unique<T[]>, thread_local, -O3 -ffast-math's
+    vector math from libmvec) were refused for these imports."""
+    assert N.symbol_allowed(name) is allowed

@@ -55,6 +55,7 @@ _MAX_BYTES = 256 << 20
 # torch's CPU library (its vectorised math, Sleef, which at::vec calls).
 NEEDED = frozenset({"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libgomp.so.1", "libomp.so",
                     "libiomp5.so", "libtorch_cpu.so", "libc10.so", "libpthread.so.0", "ld-linux-x86-64.so.2",
+                    "libmvec.so.1",
                     "ld-linux-aarch64.so.1"})
 
 # Symbols imported by name, each for a reason:
@@ -80,14 +81,21 @@ SYMBOLS = frozenset({
     "_ZNSt8ios_base4InitC1Ev", "_ZNSt8ios_base4InitD1Ev", "_ZNSt8ios_baseC2Ev", "_ZNSt8ios_baseD2Ev",
     # toolchain boilerplate: weak references the C runtime files carry, never defined in a process
     "__gmon_start__", "_ITM_registerTMCloneTable", "_ITM_deregisterTMCloneTable",
+    # honest g++ output a red team found refused: checked containers (-D_GLIBCXX_ASSERTIONS), make_unique<T[]>,
+    # thread_local scratch buffers, `stream << "literal"` at -Os
+    "_ZSt21__glibcxx_assert_failPKciS0_S0_", "__cxa_throw_bad_array_new_length", "__tls_get_addr",
+    "__cxa_thread_atexit", "__cxa_thread_atexit_impl", "_ZStlsISt11char_traitsIcEERSt13basic_ostreamIcT_ES5_PKc",
 })
+# Plain C names a kernel library may define and call through its own relocations (see _interposable): Inductor's
+# entry point, and the buffer of torch's own ISA probe (torch._inductor.cpu_vec_isa).
+OWN_C_NAMES = frozenset({"kernel", "in_out_ptr0"})
 # Families: libm's functions (and their _finite forms), string streams over memory (the binding's error
 # messages: std::ostringstream, no file or console stream), vectorised math, OpenMP inside a parallel region.
 _FAMILIES = re.compile(
     r"(__)?(a?(sin|cos|tan)h?|atan2|exp(2|10|m1)?|log(2|10|1p|b)?|pow|sqrt|cbrt|hypot|erfc?|lgamma|tgamma|fmod|"
     r"remainder|fabs|floor|ceil|l?l?round|trunc|l?l?rint|nearbyint|frexp|ldexp|scalbn|modf|copysign|nextafter|"
     r"fmax|fmin|fdim|fma|sincos|ilogb|nan)[fl]?(_finite)?"
-    r"|_ZNSt7__cxx11(12basic_string|15basic_stringbuf|18basic_stringstream|19basic_ostringstream)IcSt11char_traitsIcE\w*"
+    r"|_ZNK?St7__cxx11(12basic_string|15basic_stringbuf|18basic_stringstream|19basic_ostringstream)IcSt11char_traitsIcE\w*"
     r"|_ZT[VTIS]NSt7__cxx11(15basic_stringbuf|18basic_stringstream|19basic_ostringstream)IcSt11char_traitsIcE\w*"
     r"|_ZT[VI]St(15basic_streambuf|9basic_ios)IcSt11char_traitsIcEE|_ZNSt9basic_iosIcSt11char_traitsIcEE\w+"
     r"|_ZNSo\w+|_ZNSolsE\w+|_ZSt16__ostream_insertIcSt11char_traitsIcEE\w+"
@@ -114,6 +122,7 @@ class Library:
     imports: dict[str, list[int]] = field(default_factory=dict)  # undefined symbol -> its relocation slots (vaddr)
     entries: list[int] = field(default_factory=list)  # addresses it names: defined symbols, relocations, init/fini
     layout: list[str] = field(default_factory=list)  # what in its segments and relocations no compiler's plain output has
+    interposable: set[str] = field(default_factory=set)  # C names it defines and calls by name (see _interposable)
     code: list[tuple[int, bytes]] = field(default_factory=list)  # (vaddr, bytes) of each executable segment
 
 
@@ -121,7 +130,20 @@ class ElfError(ValueError):
     """The file is not a 64-bit little-endian ELF library this module can read."""
 
 
+def _interposable(lib: Library) -> list[str]:
+    """C names the library defines (global, default visibility) and reaches through its own relocations: glibc binds
+    such a reference to the first definition in the process's global scope, so `int system(const char*) {...}`
+    compiled into a kernel and called calls libc's `system` (found by a red team: every libc function, past the
+    import list). Each must be a name the import list allows, or the entry point; the kernel's other functions are
+    `static` or hidden. Mangled C++ names (`_Z...`: template instantiations, the binding's own classes) are left
+    alone: a mangled name of libstdc++'s or torch's that does harm is not covered yet."""
+    return [n for n in lib.interposable if not n.startswith("_Z") and n not in OWN_C_NAMES and not symbol_allowed(n)]
+
+
 def symbol_allowed(name: str) -> bool:
+    if name.startswith("_ZGV"):  # libmvec's vector variants (-O3 -ffast-math): _ZGVdN8v_expf is expf, 8 lanes
+        m = re.fullmatch(r"_ZGV[a-zA-Z]M?N?\d+[a-zA-Z0-9]*_(\w+)", name)
+        return m is not None and _FAMILIES.fullmatch(m.group(1)) is not None and not m.group(1).startswith("_Z")
     return name in SYMBOLS or _FAMILIES.fullmatch(name) is not None
 
 
@@ -149,6 +171,9 @@ def read_library(data: bytes) -> Library:
     if dynamic is None:
         raise ElfError("no dynamic section: not a shared library")
     dyn = _dynamic_entries(data, *dynamic)
+    repeated = sorted(t for t, v in dyn.items() if len(v) > 1 and t != _DT["NEEDED"])
+    if repeated:  # the first is what this reads, the last what glibc's loader uses (a decoy string table hid `system`)
+        lib.layout.append(f"names dynamic tag(s) {', '.join(hex(t) for t in repeated)} more than once")
     at = lambda vaddr: _offset(loads, vaddr)  # noqa: E731
     strtab = at(_one(dyn, "STRTAB"))
     name = lambda off: _cstr(data, strtab + off)  # noqa: E731
@@ -164,11 +189,14 @@ def read_library(data: bytes) -> Library:
             lib.imports.setdefault(name(st_name), [])
         elif st_shndx:
             lib.entries.append(_unpack("<Q", data, symtab + 24 * i + 8)[0])
+    symbolic = 16 in dyn or any(v & 2 for v in dyn.get(30, []))  # DT_SYMBOLIC, DF_SYMBOLIC: its own names first
     for sym, slot in relocs:
         if sym:
-            st_name, _, _, st_shndx = _unpack("<IBBH", data, symtab + 24 * sym)
+            st_name, st_info, st_other, st_shndx = _unpack("<IBBH", data, symtab + 24 * sym)
             if st_shndx == 0 and st_name:
                 lib.imports.setdefault(name(st_name), []).append(slot)
+            elif st_name and not symbolic and st_info >> 4 in (1, 2) and st_other & 3 == 0:
+                lib.interposable.add(name(st_name))
     lib.entries += _named_addresses(data, dyn, at, loads, symtab)
     relr = _relr_slots(data, dyn, at)
     slots = [slot for _, slot in relocs] + relr
@@ -407,6 +435,7 @@ def check_library(data: bytes, installed: tuple[str, ...] = ()) -> list[NativeFi
     out += [NativeFinding("allowlist-native-library", f"loads more code with it ({x})") for x in lib.loaders]
     out += [NativeFinding("allowlist-native-library", x) for x in lib.layout]
     bad = sorted(s for s in lib.imports if not symbol_allowed(s))
+    bad += sorted(_interposable(lib))
     if bad:
         shown = ", ".join(bad[:12]) + (f" and {len(bad) - 12} more" if len(bad) > 12 else "")
         out.append(NativeFinding("allowlist-native-symbol", f"imports {shown}"))
