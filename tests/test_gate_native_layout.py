@@ -16,6 +16,61 @@ pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 
 _SYSCALL = ".byte 0xb8, 0x27, 0, 0, 0, 0x0f, 0x05, 0xc3"  # mov eax, 39 (getpid); syscall; ret
 
+# kernel throws; `decoy` is a movabs whose immediate, from its third byte, is push 60; pop rax; push 42; pop rdi;
+# syscall (exit(42), run by a red team's library: check_library found nothing before the unwind tables were read)
+_THROWS = """.text
+.globl kernel
+.type kernel,@function
+kernel:
+.LFB0: .cfi_startproc
+{personality}
+{lsda}
+ subq $8, %rsp
+ .cfi_def_cfa_offset 16
+ movl $8, %edi
+ call __cxa_allocate_exception@PLT
+ movq $0, (%rax)
+ movq %rax, %rdi
+ movq _ZTISt9exception@GOTPCREL(%rip), %rsi
+ xorl %edx, %edx
+.LEHB0:
+ call __cxa_throw@PLT
+.LEHE0:
+ .cfi_endproc
+decoy: movabsq $0x050f5f2a6a583c6a, %rax
+ ret
+{table}
+"""
+_LSDA = """.section .gcc_except_table,"a",@progbits
+.align 4
+.LLSDA0:
+ .byte 0xff
+ .byte 0x9b
+ .uleb128 .LLSDATT0 - .LLSDATTD0
+.LLSDATTD0:
+ .byte 0x1
+ .uleb128 .LLSDACSE0 - .LLSDACSB0
+.LLSDACSB0:
+ .uleb128 .LEHB0 - .LFB0
+ .uleb128 .LEHE0 - .LEHB0
+ .uleb128 decoy + 2 - .LFB0
+ .uleb128 0x1
+.LLSDACSE0:
+ .byte 0x1
+ .byte 0
+ .align 4
+ .long 0
+.LLSDATT0:
+.hidden DW.ref.__gxx_personality_v0
+.weak DW.ref.__gxx_personality_v0
+.section .data.rel.local.DW.ref.__gxx_personality_v0,"awG",@progbits,DW.ref.__gxx_personality_v0,comdat
+.align 8
+.type DW.ref.__gxx_personality_v0, @object
+.size DW.ref.__gxx_personality_v0, 8
+DW.ref.__gxx_personality_v0:
+ .quad __gxx_personality_v0
+"""
+
 CASES = {
     # the executable mapping is whole pages: file bytes after the segment's end on its last page run too
     "page-tail": ("c", '__attribute__((visibility("hidden"))) unsigned char blob[16] = {0xb8, 0x27, 0, 0, 0, 0x0f, '
@@ -43,7 +98,20 @@ CASES = {
     # a libc function's name defined in the kernel and called through the PLT: the loader binds it to libc's own
     "defines-a-libc-name": ("c", 'int system(const char *c) { (void)c; return -1; }\n'
                                  'int kernel(void) { return system("true"); }\n', [], "allowlist-native-symbol"),
-    # the control: the syscall's bytes inside an immediate, nothing reaching them
+    # the unwinder calls a personality routine a CIE names (pc-relative, no relocation): inside a movabs immediate
+    "personality-in-an-immediate": ("s", _THROWS.format(personality=".cfi_personality 0x1b, decoy + 2", lsda="",
+                                                        table=""), ["-lstdc++"], "allowlist-native-syscall"),
+    # the unwinder jumps to a landing pad the LSDA names (an offset from the function's start), the standard
+    # personality catching everything
+    "landing-pad-in-an-immediate": ("s", _THROWS.format(
+        personality=".cfi_personality 0x9b, DW.ref.__gxx_personality_v0", lsda=".cfi_lsda 0x1b, .LLSDA0",
+        table=_LSDA), ["-lstdc++"], "allowlist-native-syscall"),
+    # the controls: an honest C++ throw and catch with the syscall's bytes in an immediate (its unwind tables read) ...
+    "honest-exceptions": ("cpp", '#include <stdexcept>\nextern "C" int kernel(int x) {\n  try {\n'
+                                 '    asm volatile("mov $0x050f, %%eax" ::: "eax");\n'
+                                 '    if (x > 3) throw std::runtime_error("x");\n    return x;\n'
+                                 '  } catch (const std::exception&) { return -1; }\n}\n', ["-lstdc++"], None),
+    # ... and the syscall's bytes inside an immediate, nothing reaching them
     "honest": ("s", ".text\n.globl kern\n.type kern,@function\nkern: mov $0xc3050f, %eax\n ret\n", [], None),
 }
 
@@ -57,7 +125,8 @@ def _build(tmp_path, name: str) -> bytes:
     f = tmp_path / f"{name}.{lang}"
     f.write_text(src)
     out = tmp_path / f"{name}.so"
-    p = subprocess.run(["gcc", "-O2", "-shared", "-fPIC", *flags, str(f), "-o", str(out)], capture_output=True, text=True)
+    cc = "g++" if lang == "cpp" else "gcc"
+    p = subprocess.run([cc, "-O2", "-shared", "-fPIC", str(f), *flags, "-o", str(out)], capture_output=True, text=True)
     if p.returncode != 0:
         pytest.skip(f"this toolchain cannot build {name}: {p.stderr[-300:]}")
     return out.read_bytes()

@@ -20,8 +20,9 @@ only (no `nm` or `readelf`, which a machine may lack, and no output format to pa
 - what runs is what the file holds: each executable segment is read as the loader maps it (whole pages), no segment
   is writable and executable, none is mapped over another, no relocation writes into code (text relocations), the
   stack is declared and not executable; the addresses decoded from include DT_RELR's packed relocations and each
-  relocation's symbol plus addend, and the symbols are counted by whichever hash table names more (a red team's
-  ways past the first version of the sweep, tests/test_gate_native_layout.py);
+  relocation's symbol plus addend, every function start, personality routine and landing pad the unwind tables
+  name (gate/ehframe.py), and the symbols are counted by whichever hash table names more (a red team's ways past
+  the first version of the sweep, tests/test_gate_native_layout.py);
 - `getenv` and `strtoull`, which Inductor's own Python binding calls once (PyInit_kernel reads the address of a
   torch function from _TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR), are referenced from one place at most (x86-64).
 
@@ -41,7 +42,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from tilesmith.gate import x86
+from tilesmith.gate import ehframe, x86
 
 X86_64, AARCH64 = 62, 183
 _PT_LOAD, _PT_DYNAMIC, _PF_X = 1, 2, 1
@@ -123,6 +124,7 @@ class Library:
     entries: list[int] = field(default_factory=list)  # addresses it names: defined symbols, relocations, init/fini
     layout: list[str] = field(default_factory=list)  # what in its segments and relocations no compiler's plain output has
     interposable: set[str] = field(default_factory=set)  # C names it defines and calls by name (see _interposable)
+    unwind: tuple | None = None  # (file bytes, segments, .eh_frame_hdr address): what gate/ehframe.py reads
     code: list[tuple[int, bytes]] = field(default_factory=list)  # (vaddr, bytes) of each executable segment
 
 
@@ -156,7 +158,7 @@ def read_library(data: bytes) -> Library:
     machine, = struct.unpack_from("<H", data, 0x12)
     phoff, = struct.unpack_from("<Q", data, 0x20)
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
-    loads, dynamic, spans, stack = [], None, [], None
+    loads, dynamic, spans, stack, eh_hdr = [], None, [], None, None
     for i in range(phnum):
         p_type, p_flags, off, vaddr, _, filesz, memsz, _ = _unpack("<IIQQQQQQ", data, phoff + i * phentsize)
         if p_type == _PT_LOAD:
@@ -166,8 +168,11 @@ def read_library(data: bytes) -> Library:
             dynamic = (off, filesz)
         elif p_type == _PT_GNU_STACK:
             stack = p_flags
+        elif p_type == _PT_GNU_EH_FRAME:
+            eh_hdr = vaddr
     lib = Library(machine, code=[_mapped_code(data, v, o, n, machine) for v, o, n, fl in loads if fl & _PF_X])
     lib.layout += _layout(loads, spans, stack)
+    lib.unwind = (data, loads, eh_hdr) if eh_hdr is not None else None
     if dynamic is None:
         raise ElfError("no dynamic section: not a shared library")
     dyn = _dynamic_entries(data, *dynamic)
@@ -213,7 +218,7 @@ def read_library(data: bytes) -> Library:
 
 
 _PAGE = 4096  # mappings are whole pages: bytes of the file around a segment on its pages are mapped with it
-_PT_GNU_STACK = 0x6474E551
+_PT_GNU_STACK, _PT_GNU_EH_FRAME = 0x6474E551, 0x6474E550
 
 
 def _mapped_code(data: bytes, vaddr: int, off: int, filesz: int, machine: int) -> tuple[int, bytes]:
@@ -370,12 +375,15 @@ _X86_SYSCALL_BYTES = re.compile(rb"\x0f[\x05\x34]|\xcd\x80|\xd5[\x80-\xff][\x05\
 
 def raw_system_calls(lib: Library) -> tuple[int, int]:
     """System-call instructions in the executable segments, and far transfers (which can switch the CPU to 32-bit
-    code, where other bytes are a system call): on x86-64, those the code can reach (gate/x86.py), decoded only where
-    a system call's bytes occur at all (in either mode: without them no mode has one); on aarch64 any aligned word."""
+    code, where other bytes are a system call): on x86-64, those the code can reach (gate/x86.py) from the addresses
+    the library names and those its unwind tables name (gate/ehframe.py), decoded only where a system call's bytes
+    occur at all (in either mode: without them no mode has one); on aarch64 any aligned word. Raises
+    ehframe.EhError where the unwind tables cannot be read."""
     if lib.machine == X86_64:
         if not any(_X86_SYSCALL_BYTES.search(code) for _, code in lib.code):
             return 0, 0
-        found = x86.reachable(lib.code, lib.entries)
+        unwound = ehframe.code_addresses(*lib.unwind) if lib.unwind else []
+        found = x86.reachable(lib.code, lib.entries + unwound)
         return found[x86.SYSCALL], found[x86.FAR]
     n = 0
     for _, code in lib.code:
@@ -445,7 +453,11 @@ def check_library(data: bytes, installed: tuple[str, ...] = ()) -> list[NativeFi
             if n > most:
                 out.append(NativeFinding("allowlist-native-symbol", f"calls {sym} from {n} places (Inductor's binding "
                                                                     f"calls it from {most})"))
-    n, far = raw_system_calls(lib)
+    try:
+        n, far = raw_system_calls(lib)
+    except ehframe.EhError as e:
+        out.append(NativeFinding("allowlist-native-unreadable", f"has unwind tables this check cannot read ({e})"))
+        n = far = 0
     if n:
         out.append(NativeFinding("allowlist-native-syscall", f"holds {n} system-call instruction(s) of its own"))
     if far:
