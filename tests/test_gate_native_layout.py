@@ -98,6 +98,12 @@ CASES = {
     # a libc function's name defined in the kernel and called through the PLT: the loader binds it to libc's own
     "defines-a-libc-name": ("c", 'int system(const char *c) { (void)c; return -1; }\n'
                                  'int kernel(void) { return system("true"); }\n', [], "allowlist-native-symbol"),
+    # a libstdc++ member defined under its mangled name and called: bound to libstdc++'s basic_filebuf::open
+    "defines-a-libstdcpp-name": ("c", "void *fake_open(void *self, const char *p, int mode) "
+                                      '__asm__("_ZNSt13basic_filebufIcSt11char_traitsIcEE4openEPKcSt13_Ios_Openmode");\n'
+                                      "void *fake_open(void *self, const char *p, int mode) { return self; }\n"
+                                      'int kernel(void) { return fake_open(0, "/tmp/x", 16) != 0; }\n', [],
+                                 "allowlist-native-symbol"),
     # the unwinder calls a personality routine a CIE names (pc-relative, no relocation): inside a movabs immediate
     "personality-in-an-immediate": ("s", _THROWS.format(personality=".cfi_personality 0x1b, decoy + 2", lsda="",
                                                         table=""), ["-lstdc++"], "allowlist-native-syscall"),
@@ -111,6 +117,12 @@ CASES = {
                                  '    asm volatile("mov $0x050f, %%eax" ::: "eax");\n'
                                  '    if (x > 3) throw std::runtime_error("x");\n    return x;\n'
                                  '  } catch (const std::exception&) { return -1; }\n}\n', ["-lstdc++"], None),
+    # ... C++ as an agent writes it: a helper in the global namespace, std containers, their instantiations called by
+    # name (the interposition rule leaves them alone) ...
+    "honest-cpp-helpers": ("cpp", '#include <vector>\n#include <algorithm>\nint helper(int x) { return 2 * x; }\n'
+                                  'extern "C" int kernel(int n) {\n  std::vector<int> v;\n'
+                                  '  for (int i = 0; i < n; ++i) v.push_back(helper(n - i));\n'
+                                  '  std::sort(v.begin(), v.end());\n  return v.empty() ? 0 : v[0];\n}\n', [], None),
     # ... and the syscall's bytes inside an immediate, nothing reaching them
     "honest": ("s", ".text\n.globl kern\n.type kern,@function\nkern: mov $0xc3050f, %eax\n ret\n", [], None),
 }

@@ -90,6 +90,12 @@ SYMBOLS = frozenset({
 # Plain C names a kernel library may define and call through its own relocations (see _interposable): Inductor's
 # entry point, and the buffer of torch's own ISA probe (torch._inductor.cpu_vec_isa).
 OWN_C_NAMES = frozenset({"kernel", "in_out_ptr0"})
+# C++ names in the namespaces of libraries a kernel's process holds (std, c10, at, torch, caffe2), with their typeinfo,
+# typeinfo names and vtables (_ZTI, _ZTS, _ZTV), and what of them a kernel library may define and call by name.
+_HELD_NAMESPACE = re.compile(r"_Z(T[ISV])?(N(K|[VKr]+)?)?(St|3c10|2at|5torch|6caffe2)")
+_HONEST_MANGLED = re.compile(r"_Z(T[ISV])?(N(K|[VKr]+)?)?(St|3c106detail12_str_wrapper|2at3vec)")
+_STD_UNSAFE = re.compile(r"St(13basic_filebuf|14basic_ifstream|14basic_ofstream|13basic_fstream|12__basic_file|6thread"
+                         r"|11this_thread|10filesystem|6locale|13random_device|8ios_base4Init|15__exception_ptr)|St3pmr")
 # Families: libm's functions (and their _finite forms), string streams over memory (the binding's error
 # messages: std::ostringstream, no file or console stream), vectorised math, OpenMP inside a parallel region.
 _FAMILIES = re.compile(
@@ -133,13 +139,25 @@ class ElfError(ValueError):
 
 
 def _interposable(lib: Library) -> list[str]:
-    """C names the library defines (global, default visibility) and reaches through its own relocations: glibc binds
+    """Names the library defines (global, default visibility) and reaches through its own relocations: glibc binds
     such a reference to the first definition in the process's global scope, so `int system(const char*) {...}`
     compiled into a kernel and called calls libc's `system` (found by a red team: every libc function, past the
-    import list). Each must be a name the import list allows, or the entry point; the kernel's other functions are
-    `static` or hidden. Mangled C++ names (`_Z...`: template instantiations, the binding's own classes) are left
-    alone: a mangled name of libstdc++'s or torch's that does harm is not covered yet."""
-    return [n for n in lib.interposable if not n.startswith("_Z") and n not in OWN_C_NAMES and not symbol_allowed(n)]
+    import list). A C name must be one the import list allows, or the entry point. A C++ name in a namespace whose
+    library the process holds (std, c10, at, torch) must be a template instantiation or class of the kinds honest
+    kernels and Inductor's binding make (containers, strings, string streams, c10's message formatting, at::vec, the
+    binding's python_error), never libstdc++'s files, threads, filesystem or locale, nor anything else of torch's
+    (the same declaration bound to torch's own definition runs torch's code). The kernel's other functions are
+    `static`, in an anonymous namespace, or hidden; a mangled name in the global or the kernel's own namespace
+    names nothing another library defines."""
+    out = []
+    for n in lib.interposable:
+        if symbol_allowed(n) or n in OWN_C_NAMES:
+            continue
+        if not n.startswith("_Z"):
+            out.append(n)
+        elif _HELD_NAMESPACE.match(n) and (_STD_UNSAFE.search(n) or not _HONEST_MANGLED.match(n)):
+            out.append(n)
+    return out
 
 
 def symbol_allowed(name: str) -> bool:
