@@ -104,6 +104,10 @@ CASES = {
                                       "void *fake_open(void *self, const char *p, int mode) { return self; }\n"
                                       'int kernel(void) { return fake_open(0, "/tmp/x", 16) != 0; }\n', [],
                                  "allowlist-native-symbol"),
+    # the same by a GNU_UNIQUE definition (no function at all): the loader still looks the name up globally first
+    "unique-libc-name": ("c", '#include <stdlib.h>\n__asm__(".section .rodata\\n.globl system\\n.type system, '
+                              '@gnu_unique_object\\n.size system, 8\\nsystem: .quad 0\\n.text\\n");\n'
+                              'int kernel(void) { return system("true"); }\n', [], "allowlist-native-symbol"),
     # the unwinder calls a personality routine a CIE names (pc-relative, no relocation): inside a movabs immediate
     "personality-in-an-immediate": ("s", _THROWS.format(personality=".cfi_personality 0x1b, decoy + 2", lsda="",
                                                         table=""), ["-lstdc++"], "allowlist-native-syscall"),
@@ -112,6 +116,14 @@ CASES = {
     "landing-pad-in-an-immediate": ("s", _THROWS.format(
         personality=".cfi_personality 0x9b, DW.ref.__gxx_personality_v0", lsda=".cfi_lsda 0x1b, .LLSDA0",
         table=_LSDA), ["-lstdc++"], "allowlist-native-syscall"),
+    # the landing pad by a pc-relative call-site table, which libgcc reads as such (g++ writes uleb128 only)
+    "landing-pad-pc-relative": ("s", _THROWS.format(
+        personality=".cfi_personality 0x9b, DW.ref.__gxx_personality_v0", lsda=".cfi_lsda 0x1b, .LLSDA0",
+        table=_LSDA.replace(" .byte 0xff\n .byte 0x9b", " .byte 0x00\n .quad 0\n .byte 0x9b").replace(
+            " .byte 0x1\n .uleb128 .LLSDACSE0", " .byte 0x1b\n .uleb128 .LLSDACSE0").replace(
+            " .uleb128 .LEHB0 - .LFB0\n .uleb128 .LEHE0 - .LEHB0\n .uleb128 decoy + 2 - .LFB0",
+            " .long 0\n .long 0x10000000\n.Llp: .long decoy + 2 - .Llp")), ["-lstdc++"],
+        "allowlist-native-unreadable"),
     # the controls: an honest C++ throw and catch with the syscall's bytes in an immediate (its unwind tables read) ...
     "honest-exceptions": ("cpp", '#include <stdexcept>\nextern "C" int kernel(int x) {\n  try {\n'
                                  '    asm volatile("mov $0x050f, %%eax" ::: "eax");\n'
@@ -123,6 +135,13 @@ CASES = {
                                   'extern "C" int kernel(int n) {\n  std::vector<int> v;\n'
                                   '  for (int i = 0; i < n; ++i) v.push_back(helper(n - i));\n'
                                   '  std::sort(v.begin(), v.end());\n  return v.empty() ? 0 : v[0];\n}\n', [], None),
+    # ... the standard library as agents use it: ordered and hashed maps, std::function, std's exceptions ...
+    "honest-cpp-std": ("cpp", '#include <map>\n#include <unordered_map>\n#include <functional>\n#include <stdexcept>\n'
+                              'extern "C" int kernel(int n) {\n  std::map<int, int> m; std::unordered_map<int, int> u;\n'
+                              '  std::function<int(int)> f = [n](int x) { return x + n; };\n'
+                              '  for (int i = 0; i < n; ++i) { m[i] = f(i); u[i] = i; }\n'
+                              '  if (n > 100) throw std::out_of_range("n");\n'
+                              '  return m.begin()->second + (int)u.size();\n}\n', [], None),
     # ... and the syscall's bytes inside an immediate, nothing reaching them
     "honest": ("s", ".text\n.globl kern\n.type kern,@function\nkern: mov $0xc3050f, %eax\n ret\n", [], None),
 }
@@ -223,3 +242,27 @@ def test_what_honest_gpp_output_imports_is_allowed_and_nothing_beside_it(name, a
     """A red team's honest g++ builds (-D_GLIBCXX_ASSERTIONS, make_unique<T[]>, thread_local, -O3 -ffast-math's
     vector math from libmvec) were refused for these imports."""
     assert N.symbol_allowed(name) is allowed
+
+
+def test_the_dynamic_array_is_read_where_the_loader_reads_it(tmp_path):
+    """glibc reads the dynamic array at PT_DYNAMIC's address up to DT_NULL: with DT_STRTAB and DT_SYMTAB moved first and
+    PT_DYNAMIC's sizes cut to those two entries, this check read no relocations and no imports, and `system` ran
+    (a red team's round 3)."""
+    src = tmp_path / "d.c"
+    src.write_text('#include <stdlib.h>\nint kernel(void) { return system("true"); }\n')
+    out = tmp_path / "d.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(src), "-o", str(out)], check=True, capture_output=True)
+    data = bytearray(out.read_bytes())
+    assert "imports system" in " ".join(f.message for f in N.check_library(bytes(data)))
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    (ph,) = [phoff + i * phentsize for i in range(phnum) if struct.unpack_from("<I", data, phoff + i * phentsize)[0] == 2]
+    dyn_off, = struct.unpack_from("<Q", data, ph + 8)
+    size, = struct.unpack_from("<Q", data, ph + 32)
+    entries = [struct.unpack_from("<qQ", data, dyn_off + 16 * k) for k in range(size // 16)]
+    first = [e for e in entries if e[0] in (5, 6)]
+    entries = first + [e for e in entries if e[0] not in (5, 6)]
+    for k, (tag, val) in enumerate(entries):
+        struct.pack_into("<qQ", data, dyn_off + 16 * k, tag, val)
+    struct.pack_into("<QQ", data, ph + 32, 32, 32)  # p_filesz, p_memsz: the two entries alone
+    assert "imports system" in " ".join(f.message for f in N.check_library(bytes(data)))

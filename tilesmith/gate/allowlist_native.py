@@ -76,7 +76,7 @@ SYMBOLS = frozenset({
     "_ZdlPv", "_ZdlPvm", "_ZdaPv", "_ZdaPvm", "_ZnwmSt11align_val_t", "_ZdlPvSt11align_val_t",
     "_ZdlPvmSt11align_val_t", "_ZSt9terminatev", "_ZSt17__throw_bad_allocv", "_ZSt20__throw_length_errorPKc",
     "_ZSt19__throw_logic_errorPKc", "_ZSt24__throw_out_of_range_fmtPKcz", "_ZSt20__throw_out_of_rangePKc",
-    "_ZSt28__throw_bad_array_new_lengthv", "_ZTISt9exception", "_ZTISt13runtime_error",
+    "_ZSt28__throw_bad_array_new_lengthv", "_ZTISt9exception", "_ZTISt13runtime_error", "_ZSt25__throw_bad_function_callv",
     "_ZNSt13runtime_errorC1EPKc", "_ZNSt13runtime_errorC1ERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE",
     "_ZNSt13runtime_errorD1Ev", "_ZNSt13runtime_errorD2Ev", "_ZNSt6localeC1Ev", "_ZNSt6localeD1Ev",
     "_ZNSt8ios_base4InitC1Ev", "_ZNSt8ios_base4InitD1Ev", "_ZNSt8ios_baseC2Ev", "_ZNSt8ios_baseD2Ev",
@@ -88,8 +88,9 @@ SYMBOLS = frozenset({
     "__cxa_thread_atexit", "__cxa_thread_atexit_impl", "_ZStlsISt11char_traitsIcEERSt13basic_ostreamIcT_ES5_PKc",
 })
 # Plain C names a kernel library may define and call through its own relocations (see _interposable): Inductor's
-# entry point, and the buffer of torch's own ISA probe (torch._inductor.cpu_vec_isa).
-OWN_C_NAMES = frozenset({"kernel", "in_out_ptr0"})
+# entry point, its integer-division error flag (a C++17 inline variable: a GNU_UNIQUE symbol in every CPU kernel),
+# and the buffer of torch's own ISA probe (torch._inductor.cpu_vec_isa).
+OWN_C_NAMES = frozenset({"kernel", "inductor_cpu_integer_div_error_flag", "in_out_ptr0"})
 # C++ names in the namespaces of libraries a kernel's process holds (std, c10, at, torch, caffe2), with their typeinfo,
 # typeinfo names and vtables (_ZTI, _ZTS, _ZTV), and what of them a kernel library may define and call by name.
 _HELD_NAMESPACE = re.compile(r"_Z(T[ISV])?(N(K|[VKr]+)?)?(St|3c10|2at|5torch|6caffe2)")
@@ -107,6 +108,14 @@ _FAMILIES = re.compile(
     r"|_ZT[VI]St(15basic_streambuf|9basic_ios)IcSt11char_traitsIcEE|_ZNSt9basic_iosIcSt11char_traitsIcEE\w+"
     r"|_ZNSo\w+|_ZNSolsE\w+|_ZSt16__ostream_insertIcSt11char_traitsIcEE\w+"
     r"|_ZN3c106detail(14torchCheckFail|19torchInternalAssertFail)\w*|Sleef_\w+"
+    # std::map/set's and unordered_map's out-of-line helpers, typeinfo vtables (std::function), std's exceptions
+    r"|_ZSt(18_Rb_tree_(in|de)crement|29_Rb_tree_insert_and_rebalance|28_Rb_tree_rebalance_for_erase)\w*"
+    r"|_ZNKSt8__detail20_Prime_rehash_policy\w*|_ZNSt8__detail15_List_node_base\w*"
+    r"|_ZTVN10__cxxabiv1(17__class|20__si_class|21__vmi_class)_type_infoE"
+    r"|_ZNSt(11logic_error|12out_of_range|16invalid_argument|12length_error|12domain_error|11range_error"
+    r"|14overflow_error|15underflow_error)(C[12]|D[012])E\w*"
+    r"|_ZT[ISV]St(11logic_error|12out_of_range|16invalid_argument|12length_error|12domain_error|11range_error"
+    r"|14overflow_error|15underflow_error|13runtime_error|9exception|9bad_alloc)"
     r"|omp_get_(thread_num|num_threads|max_threads|num_procs|level)|omp_in_parallel"
     r"|GOMP_(parallel(_end|_start|_loop_\w+|_reductions)?|barrier(_cancel)?|single_(start|copy_start|copy_end)|"
     r"critical_(start|end|name_start|name_end)|atomic_(start|end)|loop_\w+|sections_\w+|ordered_(start|end)|"
@@ -183,7 +192,7 @@ def read_library(data: bytes) -> Library:
             loads.append((vaddr, off, filesz, p_flags))
             spans.append((vaddr & -_PAGE, -(-(vaddr + max(memsz, filesz)) // _PAGE) * _PAGE))
         elif p_type == _PT_DYNAMIC:
-            dynamic = (off, filesz)
+            dynamic = (off, vaddr)
         elif p_type == _PT_GNU_STACK:
             stack = p_flags
         elif p_type == _PT_GNU_EH_FRAME:
@@ -193,7 +202,12 @@ def read_library(data: bytes) -> Library:
     lib.unwind = (data, loads, eh_hdr) if eh_hdr is not None else None
     if dynamic is None:
         raise ElfError("no dynamic section: not a shared library")
-    dyn = _dynamic_entries(data, *dynamic)
+    dyn_off, dyn_vaddr = dynamic
+    # glibc reads the dynamic array at PT_DYNAMIC's address up to DT_NULL, whatever its file offset and sizes say (a
+    # decoy array at another offset, or a size cut short before the relocations, hid an import)
+    if _offset(loads, dyn_vaddr) != dyn_off:
+        lib.layout.append("has a PT_DYNAMIC whose file offset is not its address's")
+    dyn = _dynamic_entries(data, _offset(loads, dyn_vaddr))
     repeated = sorted(t for t, v in dyn.items() if len(v) > 1 and t != _DT["NEEDED"])
     if repeated:  # the first is what this reads, the last what glibc's loader uses (a decoy string table hid `system`)
         lib.layout.append(f"names dynamic tag(s) {', '.join(hex(t) for t in repeated)} more than once")
@@ -212,13 +226,14 @@ def read_library(data: bytes) -> Library:
             lib.imports.setdefault(name(st_name), [])
         elif st_shndx:
             lib.entries.append(_unpack("<Q", data, symtab + 24 * i + 8)[0])
-    symbolic = 16 in dyn or any(v & 2 for v in dyn.get(30, []))  # DT_SYMBOLIC, DF_SYMBOLIC: its own names first
     for sym, slot in relocs:
         if sym:
             st_name, st_info, st_other, st_shndx = _unpack("<IBBH", data, symtab + 24 * sym)
             if st_shndx == 0 and st_name:
                 lib.imports.setdefault(name(st_name), []).append(slot)
-            elif st_name and not symbolic and st_info >> 4 in (1, 2) and st_other & 3 == 0:
+            elif st_name and st_info >> 4 != 0 and st_other & 3 == 0:
+                # any binding but local (GNU_UNIQUE too), default visibility: the loader looks the name up in the
+                # global scope first, -Bsymbolic or not (a definition it will not take, st_value 0, goes there too)
                 lib.interposable.add(name(st_name))
     lib.entries += _named_addresses(data, dyn, at, loads, symtab)
     relr = _relr_slots(data, dyn, at)
@@ -317,13 +332,17 @@ def _unpack(fmt: str, data: bytes, off: int) -> tuple:
         raise ElfError(f"truncated at offset {off}") from None
 
 
-def _dynamic_entries(data: bytes, off: int, size: int) -> dict[int, list[int]]:
+def _dynamic_entries(data: bytes, off: int, size: int | None = None) -> dict[int, list[int]]:
+    """The dynamic array at file offset `off`, read as the loader reads it: up to DT_NULL (`size` bounds it only
+    where a caller knows better); ElfError where the file ends first."""
     out: dict[int, list[int]] = {}
-    for i in range(size // 16):
+    for i in range((size // 16) if size is not None else (len(data) - off) // 16 + 1):
         tag, val = _unpack("<qQ", data, off + 16 * i)
         if tag == 0:
-            break
+            return out
         out.setdefault(tag, []).append(val)
+    if size is None:
+        raise ElfError("the dynamic array has no DT_NULL")
     return out
 
 

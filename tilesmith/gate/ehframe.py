@@ -214,14 +214,19 @@ def _landing_pads(m: _Mem, lsda: int, func: int) -> list[int]:
     """Every landing pad of an LSDA (the C++ personality's layout: LPStart, the type table's offset, the call-site
     table)."""
     lp_enc = m.u8(lsda)
-    lp_start, at = m.encoded(lp_enc, lsda + 1, func_base=func)
-    if lp_start is None:
-        lp_start = func
+    # What g++ writes, and only that: LPStart omitted (the function's start) and a uleb128 call-site table. libgcc
+    # reads other encodings too (an LPStart stored in a slot, call sites pc-relative: a red team's landing pad landed
+    # inside an immediate through one this read as a plain offset); a library with them is not vouched for.
+    if lp_enc != _OMIT:
+        raise EhError(f"an LSDA with LPStart encoded {lp_enc:#x}")
+    lp_start, at = func, lsda + 1
     ttype_enc = m.u8(at)
     at += 1
     if ttype_enc != _OMIT:
         _, at = m.uleb(at)
     cs_enc = m.u8(at)
+    if cs_enc != 0x01:
+        raise EhError(f"an LSDA call-site table encoded {cs_enc:#x}")
     n, at = m.uleb(at + 1)
     end, pads = at + n, []
     for _ in range(_MAX_RECORDS):
