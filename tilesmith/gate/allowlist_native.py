@@ -219,14 +219,14 @@ def read_library(data: bytes) -> Library:
     lib.loaders = [label for tag, label in _DT_LOADERS.items() if tag in dyn]
     relocs = _relocations(data, dyn, at)
     symtab = at(_one(dyn, "SYMTAB"))
-    count = max([_hash_count(data, dyn, at)] + [s + 1 for s, _ in relocs])
+    count = max([_hash_count(data, dyn, at)] + [s + 1 for s, _, _ in relocs])
     for i in range(1, count):
         st_name, _, _, st_shndx = _unpack("<IBBH", data, symtab + 24 * i)
         if st_shndx == 0 and st_name:  # SHN_UNDEF: resolved from another library at load
             lib.imports.setdefault(name(st_name), [])
         elif st_shndx:
             lib.entries.append(_unpack("<Q", data, symtab + 24 * i + 8)[0])
-    for sym, slot in relocs:
+    for sym, slot, _ in relocs:
         if sym:
             st_name, st_info, st_other, st_shndx = _unpack("<IBBH", data, symtab + 24 * sym)
             if st_shndx == 0 and st_name:
@@ -235,9 +235,9 @@ def read_library(data: bytes) -> Library:
                 # any binding but local (GNU_UNIQUE too), default visibility: the loader looks the name up in the
                 # global scope first, -Bsymbolic or not (a definition it will not take, st_value 0, goes there too)
                 lib.interposable.add(name(st_name))
-    lib.entries += _named_addresses(data, dyn, at, loads, symtab)
+    lib.entries += _named_addresses(data, dyn, loads, symtab, relocs)
     relr = _relr_slots(data, dyn, at)
-    slots = [slot for _, slot in relocs] + relr
+    slots = [slot for _, slot, _ in relocs] + relr
     for slot in relr:
         try:
             lib.entries.append(_unpack("<Q", data, _offset(loads, slot))[0])
@@ -297,7 +297,7 @@ def _relr_slots(data: bytes, dyn: dict, at) -> list[int]:
     return out
 
 
-def _named_addresses(data: bytes, dyn: dict, at, loads: list, symtab: int) -> list[int]:
+def _named_addresses(data: bytes, dyn: dict, loads: list, symtab: int, relocs: list) -> list[int]:
     """Addresses the dynamic linker hands the code: DT_INIT/DT_FINI, each relocation's addend (RELA), its symbol's
     value plus that addend, and each relocated slot's stored value (REL, and the init/fini arrays' entries)."""
     out = [v for tag in (12, 13) for v in dyn.get(tag, [])]
@@ -307,21 +307,14 @@ def _named_addresses(data: bytes, dyn: dict, at, loads: list, symtab: int) -> li
                 out += list(struct.unpack_from(f"<{n // 8}Q", data, _offset(loads, v)))
             except (ElfError, struct.error):
                 pass
-    for table, size, entsize in (("RELA", "RELASZ", 24), ("JMPREL", "PLTRELSZ", 24 if dyn.get(20, [7])[0] == 7 else 16),
-                                 ("REL", "RELSZ", 16)):
-        if _DT[table] not in dyn:
-            continue
-        base, n = at(_one(dyn, table)), _one(dyn, size) // entsize
-        for i in range(n):
-            r_offset, r_info = _unpack("<QQ", data, base + entsize * i)
-            addend = _unpack("<q", data, base + entsize * i + 16)[0] if entsize == 24 else 0
-            out.append(addend)
-            if r_info >> 32:  # against a symbol: where it points is the symbol's value plus the addend
-                out.append(_unpack("<Q", data, symtab + 24 * (r_info >> 32) + 8)[0] + addend)
-            try:
-                out.append(_unpack("<Q", data, _offset(loads, r_offset))[0])
-            except ElfError:
-                pass  # a slot in memory the file does not hold (.bss)
+    for sym, slot, addend in relocs:
+        out.append(addend)
+        if sym:  # against a symbol: where it points is the symbol's value plus the addend
+            out.append(_unpack("<Q", data, symtab + 24 * sym + 8)[0] + addend)
+        try:
+            out.append(_unpack("<Q", data, _offset(loads, slot))[0])
+        except ElfError:
+            pass  # a slot in memory the file does not hold (.bss)
     return out
 
 
@@ -367,8 +360,8 @@ def _cstr(data: bytes, off: int) -> str:
     return data[off:end].decode("utf-8", "replace")
 
 
-def _relocations(data: bytes, dyn: dict, at) -> list[tuple[int, int]]:
-    """(symbol index, slot address) of every RELA/REL relocation the dynamic linker applies."""
+def _relocations(data: bytes, dyn: dict, at) -> list[tuple[int, int, int]]:
+    """(symbol index, slot address, addend: 0 for REL) of every RELA/REL relocation the dynamic linker applies."""
     out = []
     for table, size, entsize in (("RELA", "RELASZ", 24), ("JMPREL", "PLTRELSZ", 24 if dyn.get(20, [7])[0] == 7 else 16),
                                  ("REL", "RELSZ", 16)):
@@ -377,7 +370,8 @@ def _relocations(data: bytes, dyn: dict, at) -> list[tuple[int, int]]:
         base, n = at(_one(dyn, table)), _one(dyn, size) // entsize
         for i in range(n):
             r_offset, r_info = _unpack("<QQ", data, base + entsize * i)
-            out.append((r_info >> 32, r_offset))
+            addend = _unpack("<q", data, base + entsize * i + 16)[0] if entsize == 24 else 0
+            out.append((r_info >> 32, r_offset, addend))
     return out
 
 
