@@ -158,3 +158,23 @@ def test_a_tuners_screen_and_the_profile_call_a_decode_step_from_its_captured_st
     # 64 cache positions, 4 taken by the prompt: 60 calls from one state would have run past the end
     assert all(not s.error and len(s.samples_ms) > 60 for s in screens), [(s.error, len(s.samples_ms)) for s in screens]
     assert profile_graph(g, text, calls=70).wall_ms > 0
+
+
+def test_state_reset_is_for_the_graphs_the_gpu_preview_covers(decode_ws, monkeypatch):
+    """Until a GPU smoke has run it, a GPU graph's screen and profile call it as before (TILESMITH_GPU_PREVIEW)."""
+    from tilesmith.capture import loading
+
+    g, _ = _decode_graph(decode_ws)
+    data = loading.load_graph_data(g)
+    args = loading.clone_args(data.inputs)
+    reset = loading.state_reset(data, args)
+    assert reset is not None  # a CPU graph, the preview's default (auto)
+    mutated = [int(i) for i in data.meta["mutated_inputs"]]
+    assert mutated
+    for i in mutated:
+        args[i].fill_(7)  # what calls from one set of buffers leave there
+    assert not all(args[i].equal(data.inputs[i]) for i in mutated)
+    reset()
+    assert all(args[i].equal(data.inputs[i]) for i in mutated)
+    monkeypatch.setenv("TILESMITH_GPU_PREVIEW", "0")
+    assert loading.state_reset(data, args) is None

@@ -141,6 +141,7 @@ class Library:
     interposable: set[str] = field(default_factory=set)  # C names it defines and calls by name (see _interposable)
     unwind: tuple | None = None  # (file bytes, segments, .eh_frame_hdr address): what gate/ehframe.py reads
     code: list[tuple[int, bytes]] = field(default_factory=list)  # (vaddr, bytes) of each executable segment
+    segment_code: list[bytes] = field(default_factory=list)  # each executable segment's own bytes, no page around
 
 
 class ElfError(ValueError):
@@ -198,6 +199,7 @@ def read_library(data: bytes) -> Library:
         elif p_type == _PT_GNU_EH_FRAME:
             eh_hdr = vaddr
     lib = Library(machine, code=[_mapped_code(data, v, o, n, machine) for v, o, n, fl in loads if fl & _PF_X])
+    lib.segment_code = [data[o:o + n] for v, o, n, fl in loads if fl & _PF_X]
     lib.layout += _layout(loads, spans, stack)
     lib.unwind = (data, loads, eh_hdr) if eh_hdr is not None else None
     if dynamic is None:
@@ -424,6 +426,13 @@ def raw_system_calls(lib: Library) -> tuple[int, int]:
     return n, 0
 
 
+def _syscall_bytes(lib: Library) -> int:
+    """The check before the decoder: a system call's bytes at any offset of the executable segments' own bytes."""
+    if lib.machine != X86_64:
+        return raw_system_calls(lib)[0]
+    return sum(code.count(p) for code in lib.segment_code for p in (b"\x0f\x05", b"\x0f\x34", b"\xcd\x80"))
+
+
 def call_sites(lib: Library, symbol: str) -> int:
     """x86-64: how many places in the code reach `symbol` through its import slot: a call or jump to its PLT stub,
     or a RIP-relative operand that reads the slot (`call *slot`, `mov reg, slot`), at any byte offset. The stub
@@ -454,9 +463,11 @@ class NativeFinding:
     message: str
 
 
-def check_library(data: bytes, installed: tuple[str, ...] = ()) -> list[NativeFinding]:
+def check_library(data: bytes, installed: tuple[str, ...] = (), decode: bool = True) -> list[NativeFinding]:
     """Everything in the library `data` that an honest Inductor kernel does not need. installed: folders of the
-    installed software, where a search path (RPATH/RUNPATH) may point."""
+    installed software, where a search path (RPATH/RUNPATH) may point. decode False: the check as it was before the
+    decoder (system-call bytes counted at every offset; no layout, interposition or far-transfer findings), for GPU
+    graphs until a GPU smoke has run this one (settings.GPU_PREVIEW_VALUES)."""
     try:
         lib = read_library(data)
     except ElfError as e:
@@ -472,9 +483,9 @@ def check_library(data: bytes, installed: tuple[str, ...] = ()) -> list[NativeFi
         if not os.path.isabs(p) or not any(os.path.realpath(p).startswith(r.rstrip("/") + "/") for r in installed):
             out.append(NativeFinding("allowlist-native-library", f"searches {p!r} for libraries"))
     out += [NativeFinding("allowlist-native-library", f"loads more code with it ({x})") for x in lib.loaders]
-    out += [NativeFinding("allowlist-native-library", x) for x in lib.layout]
+    out += [NativeFinding("allowlist-native-library", x) for x in lib.layout] if decode else []
     bad = sorted(s for s in lib.imports if not symbol_allowed(s))
-    bad += sorted(_interposable(lib))
+    bad += sorted(_interposable(lib)) if decode else []
     if bad:
         shown = ", ".join(bad[:12]) + (f" and {len(bad) - 12} more" if len(bad) > 12 else "")
         out.append(NativeFinding("allowlist-native-symbol", f"imports {shown}"))
@@ -485,7 +496,7 @@ def check_library(data: bytes, installed: tuple[str, ...] = ()) -> list[NativeFi
                 out.append(NativeFinding("allowlist-native-symbol", f"calls {sym} from {n} places (Inductor's binding "
                                                                     f"calls it from {most})"))
     try:
-        n, far = raw_system_calls(lib)
+        n, far = raw_system_calls(lib) if decode else (_syscall_bytes(lib), 0)
     except ehframe.EhError as e:
         out.append(NativeFinding("allowlist-native-unreadable", f"has unwind tables this check cannot read ({e})"))
         n = far = 0
@@ -499,7 +510,8 @@ def check_library(data: bytes, installed: tuple[str, ...] = ()) -> list[NativeFi
 
 # -- the libraries a process has mapped ---------------------------------------------------------------------------
 
-_checked: dict[str, list[NativeFinding]] = {}  # sha256 of a library's bytes -> its findings (the same file, again)
+# (sha256 of a library's bytes, decode) -> its findings (the same file, again)
+_checked: dict[tuple[str, bool], list[NativeFinding]] = {}
 
 
 def installed_roots() -> tuple[str, ...]:
@@ -532,7 +544,8 @@ def mapped_files(pid: int) -> list[tuple[int, str]]:
     return list(dict.fromkeys(out))
 
 
-def check_process(pid: int, under: tuple[str, ...], skip: tuple[str, ...] = ()) -> list[NativeFinding]:
+def check_process(pid: int, under: tuple[str, ...], skip: tuple[str, ...] = (), decode: bool = True
+                  ) -> list[NativeFinding]:
     """Every library that process `pid` (or one under it) mapped from a folder in `under` (where builds land) and not
     in `skip` (a trusted generator's cache), read through the process's own view of its files (/proc/<pid>/root),
     checked with check_library. Findings name the library."""
@@ -552,8 +565,8 @@ def check_process(pid: int, under: tuple[str, ...], skip: tuple[str, ...] = ()) 
                                                                      f"outside the process ({e.strerror})"))
             continue
         digest = hashlib.sha256(data).hexdigest()
-        if digest not in _checked:
-            _checked[digest] = check_library(data, installed) if len(data) <= _MAX_BYTES else [
+        if (digest, decode) not in _checked:
+            _checked[digest, decode] = check_library(data, installed, decode) if len(data) <= _MAX_BYTES else [
                 NativeFinding("allowlist-native-unreadable", "is larger than this check reads")]
-        out += [NativeFinding(f.code, f"{os.path.basename(path)} {f.message}") for f in _checked[digest]]
+        out += [NativeFinding(f.code, f"{os.path.basename(path)} {f.message}") for f in _checked[digest, decode]]
     return out

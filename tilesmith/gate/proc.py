@@ -104,6 +104,7 @@ class Worker:
         """readable: folders the worker may read besides its own (the graph folder); everything it
         writes goes in its own folder, self.dir, the only writable place in its sandbox."""
         self.name = name
+        self.device = device
         self.started = time.monotonic()
         self.dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=scratch))
         self.log_path = self.dir / "log.txt"

@@ -18,6 +18,8 @@ import ast
 import re
 from dataclasses import dataclass
 
+from tilesmith import settings
+
 
 @dataclass
 class Finding:
@@ -298,7 +300,8 @@ def native(worker) -> list[Finding]:
 
     caches = sandbox.shared_caches()
     under = (caches["TORCHINDUCTOR_CACHE_DIR"], caches["TILESMITH_INDUCTOR_DEFAULT_DIR"], str(worker.dir))
-    found = allowlist_native.check_process(worker.proc.pid, under, (caches["TRITON_CACHE_DIR"],))
+    decode = settings.current().preview(getattr(worker, "device", "cpu"))  # the decoder: TILESMITH_GPU_PREVIEW
+    found = allowlist_native.check_process(worker.proc.pid, under, (caches["TRITON_CACHE_DIR"],), decode)
     return [Finding(f.code, f.message, 0) for f in found]
 
 
