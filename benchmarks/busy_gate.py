@@ -1,7 +1,7 @@
 """The gate's decisions on a busy machine: full decisions with CPU hogs running beside them.
 
     python benchmarks/busy_gate.py [--hogs 2] [--trials 100] [--win 1.4] [--slower 0.85] [--budget-s 3600]
-        [--kinds aa,slower,win] [--graph GRAPH_DIR] [--out FILE.json]
+        [--kinds aa,slower,win] [--graph GRAPH_DIR] [--arms "LABEL:VAR=VALUE,...;LABEL:..."] [--out FILE.json]
 
 Three kinds of candidate, judged in turn (A/A, slower, win, A/A, ...) by the whole gate with the screen on, each
 decision a fresh `judge` with its own seed, while `--hogs` processes spin on the CPUs (pure Python loops, never
@@ -14,7 +14,8 @@ The graph is examples/inference.py's on the CPU unless --graph names one. Prints
 (with exact one-sided 95 % bounds), the reasons of the rejections, how many were called forged or unstable, how many
 were accepted only by a pass that ran past the plain budget on the busy machine (timing._budget_s) and the median
 share of the time some task waited for a CPU;
-writes JSON. Never passes or fails: it measures. The slowed copies' measured ratios are printed: they are measured
+writes JSON. With --arms, every kind is judged under each arm's environment in turn, decision by decision (the
+machine's conditions drift within the hour: arms compared one after the other would compare two hours). Never passes or fails: it measures. The slowed copies' measured ratios are printed: they are measured
 before the hogs start, on the machine as it is.
 """
 
@@ -66,6 +67,31 @@ def decide(graph: Path, candidate: Path, seed: int, time_budget_s: float | None)
             "why": "; ".join(f"{r.code}: {r.message[:400]}" for r in v.reasons)}
 
 
+def parse_arms(text: str) -> dict[str, dict[str, str]]:
+    """'label:VAR=value,VAR=value;label:' -> {label: {VAR: value}}; an empty value unsets the variable."""
+    arms = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        label, _, assigns = part.partition(":")
+        arms[label.strip()] = dict(kv.split("=", 1) for kv in filter(None, (x.strip() for x in assigns.split(","))))
+    return arms
+
+
+class environment:
+    """os.environ with `env` applied (an empty value unsets), put back as it was on exit."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env, self.saved = env, {}
+
+    def __enter__(self):
+        for k, v in self.env.items():
+            self.saved[k] = os.environ.get(k)
+            os.environ.pop(k, None) if v == "" else os.environ.__setitem__(k, v)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
 def summary(rows: list[dict]) -> dict:
     acc = sum(r["accepted"] for r in rows)
     lo, hi = clopper_pearson(acc, len(rows)) if rows else (None, None)
@@ -102,8 +128,11 @@ def main() -> None:
     ap.add_argument("--time-budget", type=float, default=None, help="timing seconds per gate pass (default: the gate's)")
     ap.add_argument("--kinds", default="aa,slower,win", help="which kinds to judge, in turn: aa, slower, win")
     ap.add_argument("--graph", type=Path, help="a captured graph dir (default: capture examples/inference.py, CPU)")
+    ap.add_argument("--arms", default="", help="environments to compare, interleaved: 'label:VAR=value,VAR=value;label:' "
+                                               "(an arm with no assignment is the environment as it is)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
+    arms = parse_arms(a.arms) if a.arms else {"": {}}
 
     import torch
 
@@ -121,15 +150,17 @@ def main() -> None:
     if not wanted:
         ap.error(f"--kinds {a.kinds!r} names none of aa, slower, win")
     kinds = {k: v for k, v in kinds.items() if k.split()[0].replace("A/A", "aa") in wanted}
-    rows: dict = {k: [] for k in kinds}
+    rows: dict = {(f"{k}, {arm}" if arm else k): [] for k in kinds for arm in arms}
     hogs = start_hogs(a.hogs)
     start = time.monotonic()
     try:
         for i in range(a.trials):  # whole rounds: every kind gets as many decisions
             if time.monotonic() - start > a.budget_s:
                 break
-            for kind, (g, cand) in kinds.items():
-                r = decide(g, cand, 1000 + i, a.time_budget)
+            for (kind, (g, cand)), (arm, env) in ((k, arm) for k in kinds.items() for arm in arms.items()):
+                with environment(env):
+                    r = decide(g, cand, 1000 + i, a.time_budget)
+                kind = f"{kind}, {arm}" if arm else kind
                 rows[kind].append(r)
                 print(f"  {kind} {i + 1}: {'ACCEPT' if r['accepted'] else 'reject'} at {r['stage']} "
                       f"{','.join(r['codes'])} speedup {r['speedup'] or float('nan'):.3f} "
@@ -137,7 +168,7 @@ def main() -> None:
     finally:
         stop_hogs(hogs)
     results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-               "torch": torch.__version__, "python": platform.python_version(), "hogs": a.hogs,
+               "torch": torch.__version__, "python": platform.python_version(), "hogs": a.hogs, "arms": arms,
                "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
                "win_measured": win_cost["measured"], "slower_measured": 1 / slower_cost["measured"],
                "original_ms": win_cost["original_ms"], "kinds": {k: summary(v) for k, v in rows.items()}, "rows": rows}
