@@ -178,3 +178,13 @@ def test_state_reset_is_for_the_graphs_the_gpu_preview_covers(decode_ws, monkeyp
     assert all(args[i].equal(data.inputs[i]) for i in mutated)
     monkeypatch.setenv("TILESMITH_GPU_PREVIEW", "0")
     assert loading.state_reset(data, args) is None
+
+
+def test_the_agents_kernel_bench_calls_a_decode_step_from_its_captured_state_every_time(decode_ws):
+    """`python -m tilesmith.search.kernel_bench` calls the graph 3 + 2 x --calls times on one set of buffers: 64 cache
+    positions, 4 taken by the prompt, so 40 calls each would run past the cache's end without the reset."""
+    from tilesmith.search import kernel_bench
+
+    g, _ = _decode_graph(decode_ws)
+    b = kernel_bench.bench((g / "wrapper.py").read_text(), g, calls=40)
+    assert b.calls == 40 and b.wall_ms > 0 and b.kernels and b.instrumented_ms > 0
