@@ -486,3 +486,30 @@ def test_report_says_when_the_baseline_profile_ran_on_a_busy_machine(copied_run)
         profile.write_text(json.dumps({**prof, "busy_share": share}))
         (g,) = [g for g in build_report().graphs if g.eligible]
         assert any("busy machine" in n and ("60%" in n) for n in g.notes) == said, g.notes
+
+
+def test_report_says_when_a_rejected_candidate_was_faster_beside_the_original_in_a_worker_the_machine_slowed(
+        copied_run):
+    """Beside two CPU hogs the candidate's worker can wait for the CPU for a whole pass (8-16x slower, its copy of the
+    original too) while beside that copy it is faster (benchmarks/RESULTS.md): the verdict stands, the report says so
+    and names the attempt to judge again. Not said of a candidate slower beside the original, nor of a worker that
+    ran as fast as the original's."""
+    from tilesmith import runs
+
+    track = _track_eligible(copied_run)
+    v = {"label": "a variant", "wall_s": 3.0, "stage": "timing", "first": {}}
+    attempt = track / "attempts" / "attempt_04.py"
+    attempt.parent.mkdir(exist_ok=True)
+    attempt.write_text("# a candidate\n")
+    for beside_low, slow, said in ((1.15, 10.0, True), (0.99, 10.0, False), (1.15, 1.1, False)):
+        timing = {**(v.get("first") or {}).get("timing", {}), "beside_speedup": 1.18, "beside_low": beside_low,
+                  "apart_speedup": 0.11, "baseline_ns": [500_000] * 8, "beside_ns": [int(500_000 * slow)] * 8}
+        rejected = {**v, "accepted": False, "candidate_sha256": runs.sha256_file(attempt), "min_improvement": 0.02,
+                    "reasons": [{"code": "not-faster", "message": "clearly not faster"}],
+                    "first": {**(v.get("first") or {}), "timing": timing}, "confirmation": None}
+        (track / "profiles" / "verdict_900.json").write_text(json.dumps(rejected))
+        (g,) = [g for g in build_report().graphs if g.eligible]
+        notes = [n for n in g.notes if "busy machine's doing" in n]
+        assert bool(notes) == said, g.notes
+        if said:
+            assert "candidate 900" in notes[0] and str(attempt) in notes[0] and "10.0-10.0x slower" in notes[0]

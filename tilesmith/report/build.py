@@ -154,7 +154,59 @@ def _timing_notes(verdicts) -> list[str]:
                       "original's (median; the span before a window is reported, not charged: gate/windows.py)"))
     if note := _nonfinite_note([v for _, v, _ in verdicts if v.get("accepted")]):
         out.append(note)
+    if note := _slow_worker_note(verdicts):
+        out.append(note)
     return out
+
+
+# A rejected pass whose candidate's worker as a whole ran this many times slower than the original's own worker (its
+# copy of the original too), while beside that copy the candidate cleared the bar: the machine's doing. Beside two CPU
+# hogs on 2 cores (benchmarks/RESULTS.md, the gate on a busy machine) such workers ran 8-16x slower for whole passes.
+SLOW_WORKER = 2.0
+
+
+def _slow_worker_note(verdicts) -> str:
+    """Candidates rejected as not faster that were faster beside the original in their own worker, in a pass where
+    that worker as a whole ran SLOW_WORKER or more times slower than the original's: on a busy machine one worker can
+    wait for the CPU for a whole pass. Said so the user can judge them again on a quieter machine; the verdict stands
+    (the candidate's own process could have slowed itself, and the apart comparison binds)."""
+    import statistics
+
+    hits = []
+    for index, v, f in verdicts:
+        codes = [r.get("code") for r in v.get("reasons") or [] if isinstance(r, dict)]
+        if v.get("accepted") or "not-faster" not in codes:
+            continue
+        bar = 1.0 + (_f(v.get("min_improvement")) or 0.02)
+        for p in (v.get("first"), v.get("confirmation")):
+            t = p.get("timing") if isinstance(p, dict) else None
+            if not isinstance(t, dict) or not t.get("baseline_ns") or not t.get("beside_ns"):
+                continue
+            try:
+                slow = statistics.median(t["beside_ns"]) / statistics.median(t["baseline_ns"])
+            except (TypeError, ZeroDivisionError, statistics.StatisticsError):
+                continue
+            if (_f(t.get("beside_low")) or 0.0) > bar and slow >= SLOW_WORKER:
+                hits.append((f"candidate {index} ({_attempt_file(f, v)})", _f(t.get("beside_speedup")) or 0.0, slow))
+                break
+    if not hits:
+        return ""
+    names = "; ".join(n for n, _, _ in hits[:6]) + (f" and {len(hits) - 6} more" if len(hits) > 6 else "")
+    return (f"{len(hits)} candidate(s) rejected as not faster were faster beside the original in their own worker "
+            f"(up to {max(b for _, b, _ in hits):.2f}x) while that worker as a whole ran "
+            f"{min(x for _, _, x in hits):.1f}-{max(x for _, _, x in hits):.1f}x slower than the original's for the "
+            "pass: a busy machine's doing more than the candidate's. The gate binds on the original in its own worker, "
+            f"so they stay rejected; judge one again on a quiet machine with `tilesmith validate GRAPH_DIR FILE`: {names}")
+
+
+def _attempt_file(verdict_file: Path, v: dict) -> str:
+    """The track's kept attempt whose bytes the verdict judged (the run keeps its last few); or why there is none."""
+    track = verdict_file.parent.parent
+    want = v.get("candidate_sha256")
+    for a in sorted((track / "attempts").glob("attempt_*.py")) if want else []:
+        if runs.sha256_file(a) == want:
+            return str(a)
+    return "its source is no longer kept: the run keeps its last attempts only"
 
 
 def _waited(timing: dict) -> str:
