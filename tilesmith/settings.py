@@ -38,8 +38,8 @@ VARIABLES = {
 IN_PLACE_DEFAULT = True
 GATE_REFILL_DEFAULT = False  # on needs a GPU smoke of the code that turns it on (not run yet)
 GATE_BUSY_DEFAULT = False  # likewise: the code it turns on (gate/timing.py _budget_s) has had no GPU smoke yet
-# TILESMITH_GPU_PREVIEW: changes tested on the CPU (the whole suite) whose code a GPU graph also runs, before a GPU smoke
-# has run them (the project lands nothing on the GPU path unverified there). Each is one `preview(device)` call:
+# TILESMITH_GPU_PREVIEW: changes tested on the CPU (the whole suite) whose code a GPU graph also runs, before a GPU
+# smoke has run them (the project lands nothing on the GPU path unverified there). Each is one `preview(device)` call:
 # - the native check decodes x86-64 instructions for system calls and checks the library's layout and interposed
 #   names (gate/allowlist_native.py); without it, the byte count and the checks before them;
 # - the tuner's screen and the baseline profile put an in-place-updated graph's captured state back before each

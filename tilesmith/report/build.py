@@ -196,7 +196,8 @@ def _slow_worker_note(verdicts) -> str:
             f"(up to {max(b for _, b, _ in hits):.2f}x) while that worker as a whole ran "
             f"{min(x for _, _, x in hits):.1f}-{max(x for _, _, x in hits):.1f}x slower than the original's for the "
             "pass: a busy machine's doing more than the candidate's. The gate binds on the original in its own worker, "
-            f"so they stay rejected; judge one again on a quiet machine with `tilesmith validate GRAPH_DIR FILE`: {names}")
+            "so they stay rejected; judge one again on a quiet machine with `tilesmith validate GRAPH_DIR FILE`: "
+            + names)
 
 
 def _attempt_file(verdict_file: Path, v: dict) -> str:
