@@ -16,6 +16,7 @@ from tilesmith import runs
 from tilesmith.errors import TilesmithError
 from tilesmith.profile.baseline import BUSY_SHARE
 from tilesmith.report import setting as rs
+from tilesmith.report.notes import deciding_timing as _timing, is_number as _num, number as _f, timing_notes
 from tilesmith.report.rows import CandidateRow, GraphReport, KernelRow, ProgramEstimate, Report
 
 TOP_KERNELS = 8  # kernels listed per graph; the rest are summed into `other_kernels_ms`
@@ -98,7 +99,7 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
         baseline_ms, source, bmode = float(t["baseline_ms"]), "profile", "launch"
     elif gate:  # no profile (e.g. a submit run)
         baseline_ms, source, bmode = float(gate["baseline_ms"]), "gate", str(gate.get("mode") or "launch")
-    notes += _timing_notes(verdicts)
+    notes += timing_notes(verdicts)
     busy = prof.get("busy_share") if isinstance(prof, dict) else None
     if _num(busy) and busy >= BUSY_SHARE:
         notes.append(f"the baseline profile ran on a busy machine (some task waited for a CPU {busy:.0%} of its time): "
@@ -130,106 +131,6 @@ def _graph(rdir: Path, key: str, entry, info, started, mode: str) -> tuple[Graph
         rejected_by_stage=rejected, variants_screened=_count_lines(tdir / "profiles" / "tuner_variants.jsonl"),
         model_calls=_model_calls(tdir / "profiles", t, notes), cached=cached, kernel_ms=kernel_ms,
         launch_overhead_ms=overhead_ms, top_kernels=kernels, other_kernels_ms=other_ms, notes=notes), cands
-
-
-def _timing_notes(verdicts) -> list[str]:
-    """What the timing of the graph's verdicts owes to how the gate times: the program's host time before each call,
-    the deciding process's own clock, NaN/inf placement allowed."""
-    out = []
-    gap_us = max((_f(_timing(v).get("gap_us")) or 0.0 for _, v, _ in verdicts), default=0.0)
-    if gap_us:
-        out.append(f"timed as the program runs it: {gap_us:.1f} us of the program's own host time (measured "
-                   "at capture) before each timed call, original and candidate alike")
-    marked = [_timing(v) for _, v, _ in verdicts if v.get("accepted") and _timing(v).get("window_short_original_us")]
-    if marked:  # the deciding process's own clock (gate/windows.py)
-        w = max(marked, key=lambda x: _f(x.get("window_short_us")) or 0.0)
-        late = (_f(w.get("before_window_us")) or 0.0) - (_f(w.get("before_window_original_us")) or 0.0)
-        out.append(f"accepted samples timed by the gate's own clock (kernel timestamps of each window's marks): the "
-                   f"candidate worker's own numbers fell {_f(w.get('window_short_us')) or 0.0:.0f} us short of them "
-                   f"(median), the original's {_f(w.get('window_short_original_us')) or 0.0:.0f} us; its windows "
-                   f"opened {abs(late):.0f} us {'later' if late >= 0 else 'sooner'} after their requests than the "
-                   + ("original's (median; inside the samples: the gate wrote each sample's inputs into the stopped "
-                      "worker and timed it from there, gate/refill.py" + _waited(w) + ")"
-                      if w.get("inputs_from_parent") else
-                      "original's (median; the span before a window is reported, not charged: gate/windows.py)"))
-    if note := _nonfinite_note([v for _, v, _ in verdicts if v.get("accepted")]):
-        out.append(note)
-    if note := _slow_worker_note(verdicts):
-        out.append(note)
-    return out
-
-
-# A rejected pass whose candidate's worker as a whole ran this many times slower than the original's own worker (its
-# copy of the original too), while beside that copy the candidate cleared the bar: the machine's doing. Beside two CPU
-# hogs on 2 cores (benchmarks/RESULTS.md, the gate on a busy machine) such workers ran 8-16x slower for whole passes.
-SLOW_WORKER = 2.0
-
-
-def _slow_worker_note(verdicts) -> str:
-    """Candidates rejected as not faster that were faster beside the original in their own worker, in a pass where
-    that worker as a whole ran SLOW_WORKER or more times slower than the original's: on a busy machine one worker can
-    wait for the CPU for a whole pass. Said so the user can judge them again on a quieter machine; the verdict stands
-    (the candidate's own process could have slowed itself, and the apart comparison binds)."""
-    import statistics
-
-    hits = []
-    for index, v, f in verdicts:
-        codes = [r.get("code") for r in v.get("reasons") or [] if isinstance(r, dict)]
-        if v.get("accepted") or "not-faster" not in codes:
-            continue
-        bar = 1.0 + (_f(v.get("min_improvement")) or 0.02)
-        for p in (v.get("first"), v.get("confirmation")):
-            t = p.get("timing") if isinstance(p, dict) else None
-            if not isinstance(t, dict) or not t.get("baseline_ns") or not t.get("beside_ns"):
-                continue
-            try:
-                slow = statistics.median(t["beside_ns"]) / statistics.median(t["baseline_ns"])
-            except (TypeError, ZeroDivisionError, statistics.StatisticsError):
-                continue
-            if (_f(t.get("beside_low")) or 0.0) > bar and slow >= SLOW_WORKER:
-                hits.append((f"candidate {index} ({_attempt_file(f, v)})", _f(t.get("beside_speedup")) or 0.0, slow))
-                break
-    if not hits:
-        return ""
-    names = "; ".join(n for n, _, _ in hits[:6]) + (f" and {len(hits) - 6} more" if len(hits) > 6 else "")
-    return (f"{len(hits)} candidate(s) rejected as not faster were faster beside the original in their own worker "
-            f"(up to {max(b for _, b, _ in hits):.2f}x) while that worker as a whole ran "
-            f"{min(x for _, _, x in hits):.1f}-{max(x for _, _, x in hits):.1f}x slower than the original's for the "
-            "pass: a busy machine's doing more than the candidate's. The gate binds on the original in its own worker, "
-            "so they stay rejected; judge one again on a quiet machine with `tilesmith validate GRAPH_DIR FILE`: "
-            + names)
-
-
-def _attempt_file(verdict_file: Path, v: dict) -> str:
-    """The track's kept attempt whose bytes the verdict judged (the run keeps its last few); or why there is none."""
-    track = verdict_file.parent.parent
-    want = v.get("candidate_sha256")
-    for a in sorted((track / "attempts").glob("attempt_*.py")) if want else []:
-        if runs.sha256_file(a) == want:
-            return str(a)
-    return "its source is no longer kept: the run keeps its last attempts only"
-
-
-def _waited(timing: dict) -> str:
-    """The wait for a CPU taken out of filled samples (gate/procfs.forgiven_ns), where there was any."""
-    cand, orig = _f(timing.get("waited_us")) or 0.0, _f(timing.get("waited_original_us")) or 0.0
-    if not cand and not orig:
-        return ""
-    return (f"; less each sample's wait for a CPU that the machine's other work made: {cand:.0f} us the candidate's, "
-            f"{orig:.0f} us the original's (median)")
-
-
-def _nonfinite_note(accepted: list[dict]) -> str:
-    """What the accepted verdicts owe to --allow-nonfinite-differences (Policy.allow_nonfinite_differences), if
-    anything: a win that places NaN/inf unlike the original on the gate's special-value inputs."""
-    used = [w for v in accepted if v.get("allow_nonfinite_differences") for w in v.get("warnings") or []
-            if isinstance(w, dict) and w.get("code") == "nonfinite-differences-allowed"]
-    if used:
-        return (f"accepted with --allow-nonfinite-differences: the win places NaN/inf unlike the original on inputs "
-                f"holding NaN, inf or extreme values ({len(used)} output(s); e.g. {str(used[0].get('message'))[:200]})")
-    if any(v.get("allow_nonfinite_differences") for v in accepted):
-        return "judged with --allow-nonfinite-differences; the accepted candidates place NaN/inf as the original does"
-    return ""
 
 
 def _verdicts(pdir: Path, notes: list[str]) -> list[tuple[int, dict, Path]]:
@@ -276,15 +177,6 @@ def _ceilings_text(c) -> str:
     bw = f"{c['bandwidth_gbps']:.0f} GB/s" if _num(c.get("bandwidth_gbps")) else "bandwidth unknown"
     fl = ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in (c.get("tflops") or {}).items() if _num(v))
     return f"{c.get('name') or c.get('device') or '?'}: {bw}{', ' + fl if fl else ''} ({c.get('source') or '?'})"
-
-
-def _timing(v: dict) -> dict:
-    """The deciding pass's timing: the confirmation when it ran, else the first pass."""
-    for k in ("confirmation", "first"):
-        p = v.get(k)
-        if isinstance(p, dict) and isinstance(p.get("timing"), dict):
-            return p["timing"]
-    return {}
 
 
 def _chain(accepted: list[CandidateRow]):
@@ -431,14 +323,6 @@ def _parse_time(iso):
         return _dt.datetime.fromisoformat(iso) if isinstance(iso, str) else None
     except ValueError:
         return None
-
-
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-
-
-def _f(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def agent_budgets(settings: dict) -> str | None:
