@@ -32,15 +32,26 @@ def settled(decide):
 
 
 def shown(decide):
-    """`decide()` (a gate decision, or a submit's result) made once more where the candidate was measured faster but
-    not shown beyond the noise (not_shown). A user would run it again. Seen with two test suites side by side on the
-    2 cores: a 2.1x win read a lower bound of 0.95x in a 16 s budget, a 2.5x win 0.64x in 2 s."""
+    """`decide()` (a gate decision, or a submit's result) made again where the candidate, a genuine win, was rejected
+    at timing for what a loaded machine does (timing_only): measured faster but not beyond the noise, or its worker
+    slow as a whole for a pass. A user would run it again. Seen with two test suites side by side on the 2 cores: a
+    2.1x win read a lower bound of 0.95x in a 16 s budget, a 2.5x win 0.64x in 2 s."""
     r = decide()
     for _ in range(2):  # up to three decisions: CI, 2026-12-07, a win not shown twice in a row beside another suite
-        if not not_shown(r):
+        if not timing_only(r):
             break
         r = decide()
     return r
+
+
+def timing_only(r) -> bool:
+    """Whether the verdict (as not_shown takes it) was rejected at timing alone, `not-faster` or `unstable-timing`: on a
+    loaded machine a genuine win can read either (benchmarks/RESULTS.md, the gate on a busy machine: the candidate's
+    worker slow for a whole pass reads 0.1x). Never a correctness, static or forged-timing rejection."""
+    v = r if isinstance(r, dict) else r.verdict if isinstance(getattr(r, "verdict", None), dict) else None
+    codes = [x.get("code") for x in v.get("reasons", [])] if v is not None else list(r.codes)
+    accepted = v.get("accepted") if v is not None else r.accepted
+    return not accepted and bool(codes) and set(codes) <= {"not-faster", "unstable-timing"}
 
 
 def not_shown(r) -> bool:

@@ -22,29 +22,31 @@ def drive(what: str, device: str = "cpu") -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _not_shown(run_id: str) -> bool:
-    """Whether the run's one graph ended with every candidate faster but not shown beyond the noise."""
+def _timing_only(run_id: str) -> bool:
+    """Whether the run's one graph ended with every candidate rejected at timing alone (gate_helpers.timing_only)."""
     (track,) = runs.load_run(run_id).graphs.values()
     verdicts = sorted((runs.track_dir(run_id, track["key"]) / "profiles").glob("verdict_*.json"))
-    return track["status"] != "done" and bool(verdicts) and all(h.not_shown(json.loads(v.read_text())) for v in verdicts)
+    return track["status"] != "done" and bool(verdicts) and all(h.timing_only(json.loads(v.read_text()))
+                                                                 for v in verdicts)
 
 
 @pytest.mark.slow
 def test_compile_optimizes_on_the_first_call_swaps_the_win_in_and_a_second_compile_is_an_exact_hit():
     # The win is the tuner's thread count on an oversubscribed OpenMP kernel: 1.5x [1.28, 1.77] on the quiet 2-core
-    # box, but beside another test process the gate may find it faster without showing it beyond the noise (CI,
-    # 2026-12-07, twice in a row). A user would compile again; so does the test, up to three times. Whatever the
-    # gate decided is then checked for what follows from it: the test never passes or fails on how fast it ran.
+    # box, but beside another test process the gate may reject it at timing (CI, 2026-12-07: not shown beyond the
+    # noise twice in a row; then "clearly not faster", the candidate's worker slow for the whole pass). A user would
+    # compile again; so does the test, up to three times. Whatever the gate decided is then checked for what follows
+    # from it: the test never passes or fails on how fast it ran.
     for _ in range(3):
         first = drive("inference")
-        if first["swapped"] or not _not_shown(first["run_id"]):
+        if first["swapped"] or not _timing_only(first["run_id"]):
             break
     assert first["max_error"] < 1e-5
     run = runs.load_run(first["run_id"])
     (track,) = run.graphs.values()
     if not first["swapped"]:
         # no win shown: nothing swapped in, the run says so, and Inductor's code answered every call
-        assert _not_shown(first["run_id"]) and track["loops_done"] == 0, track
+        assert _timing_only(first["run_id"]) and track["loops_done"] == 0, track
         assert track["status"] == "exhausted", track
         return
     assert first["run_id"] and len(first["swapped"]) == 1
