@@ -103,12 +103,13 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
         (Path(tmp) / "jobs.json").write_text(json.dumps(listing))
         cmd = [sys.executable, "-m", "tilesmith.profile.worker", "--batch", str(Path(tmp) / "jobs.json"), str(calls)]
         calm_spares()  # no gate worker may still be starting while this one measures
-        spec = sandbox.Spec.for_graphs(tmp, graph_devices(gdirs), readable=[str(g) for g in gdirs])
+        devices = graph_devices(gdirs)
+        spec = sandbox.Spec.for_graphs(tmp, devices, readable=[str(g) for g in gdirs])
         called, stalled = time.time(), procfs.cpu_pressure_us()
         res = sandbox.run_json(cmd, spec, timeout_s)
         ended, stalled_after = time.time(), procfs.cpu_pressure_us()
     busy = (round(min(1.0, (stalled_after - stalled) / 1e6 / max(ended - called, 1e-3)), 3)
-            if stalled is not None and stalled_after is not None and settings.current().preview(graph_devices(gdirs))
+            if stalled is not None and stalled_after is not None and settings.current().preview(devices)
             else None)  # TILESMITH_GPU_PREVIEW
     names = ", ".join(g.name[:12] for g in gdirs)
     if res.returncode is None:
