@@ -56,13 +56,7 @@ def with_every_kernel_varied(text: str) -> str:
 # -- the honest corpus: Inductor's own wrappers and the known-good candidates ---------------------------------------
 
 @pytest.mark.parametrize("path", GPU, ids=[p.name.removesuffix(".py.gz") for p in GPU])
-def test_every_h100_wrapper_its_whole_call_replay_and_every_tuner_variant_pass_the_allowlist(path, monkeypatch):
-    if path.name.startswith("decode-pdl"):
-        # PDL's two calls pass with TILESMITH_GPU_PREVIEW (until a GPU smoke has run them); without it, only they fail
-        found = allowlist.check(gpu_text(path))
-        assert found and {(f.code, f.message.split(": ")[-1]) for f in found} == {
-            ("allowlist-attribute", "reaches triton.language.extra")}, found[:3]
-        monkeypatch.setenv("TILESMITH_GPU_PREVIEW", "1")
+def test_every_h100_wrapper_its_whole_call_replay_and_every_tuner_variant_pass_the_allowlist(path):
     text = gpu_text(path)
     assert "async_compile.triton(" in text and "import triton.language as tl" in text
     assert_passes(text, path.name)

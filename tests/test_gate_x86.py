@@ -202,23 +202,6 @@ def test_a_library_whose_displacement_holds_the_bytes_passes_and_one_that_jumps_
         data = lib.read_bytes()
         assert re.search(rb"\x0f\x05", data)  # the bytes are there in both
         found[name] = [f.code for f in N.check_library(data)]
-        found[name + ", before"] = [f.code for f in N.check_library(data, decode=False)]
-    # decode=False, the check as it was (GPU graphs until a GPU smoke has run the decoder: TILESMITH_GPU_PREVIEW),
-    # counts the bytes wherever they are: the honest library's false rejection
-    assert found == {"honest": [], "cheat": ["allowlist-native-syscall"],
-                     "honest, before": ["allowlist-native-syscall"], "cheat, before": ["allowlist-native-syscall"]}
+    # the check before the decoder counted the bytes wherever they were: the honest library's false rejection
+    assert found == {"honest": [], "cheat": ["allowlist-native-syscall"]}
 
-
-def test_a_gpu_graphs_worker_gets_the_check_as_it_was_unless_the_preview_is_on(monkeypatch):
-    """static.native reads the worker's device: a CUDA graph's libraries (a CPU kernel inside a GPU graph) are checked
-    by decode=False until TILESMITH_GPU_PREVIEW turns the decoder on for them."""
-    from tilesmith.gate import static
-
-    seen = []
-    monkeypatch.setattr(N, "check_process", lambda pid, under, skip, decode: seen.append(decode) or [])
-    worker = type("W", (), {"proc": type("P", (), {"pid": 1})(), "dir": "/nonexistent"})
-    for device, preview in (("cpu", ""), ("cuda", ""), ("cuda", "1"), ("cpu", "0")):
-        monkeypatch.setenv("TILESMITH_GPU_PREVIEW", preview)
-        worker.device = device
-        assert static.native(worker()) == []
-    assert seen == [True, False, True, False]

@@ -160,15 +160,14 @@ def test_a_tuners_screen_and_the_profile_call_a_decode_step_from_its_captured_st
     assert profile_graph(g, text, calls=70).wall_ms > 0
 
 
-def test_state_reset_is_for_the_graphs_the_gpu_preview_covers(decode_ws, monkeypatch):
-    """Until a GPU smoke has run it, a GPU graph's screen and profile call it as before (TILESMITH_GPU_PREVIEW)."""
+def test_state_reset_puts_the_captured_values_back_into_the_updated_inputs(decode_ws):
     from tilesmith.capture import loading
 
     g, _ = _decode_graph(decode_ws)
     data = loading.load_graph_data(g)
     args = loading.clone_args(data.inputs)
     reset = loading.state_reset(data, args)
-    assert reset is not None  # a CPU graph, the preview's default (auto)
+    assert reset is not None
     mutated = [int(i) for i in data.meta["mutated_inputs"]]
     assert mutated
     for i in mutated:
@@ -176,8 +175,6 @@ def test_state_reset_is_for_the_graphs_the_gpu_preview_covers(decode_ws, monkeyp
     assert not all(args[i].equal(data.inputs[i]) for i in mutated)
     reset()
     assert all(args[i].equal(data.inputs[i]) for i in mutated)
-    monkeypatch.setenv("TILESMITH_GPU_PREVIEW", "0")
-    assert loading.state_reset(data, args) is None
 
 
 def test_the_agents_kernel_bench_calls_a_decode_step_from_its_captured_state_every_time(decode_ws):

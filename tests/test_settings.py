@@ -53,19 +53,6 @@ def test_unset_settings_take_their_documented_defaults():
     assert settings.current({"TILESMITH_IN_PLACE": "1"}).in_place is True
 
 
-def test_the_gpu_preview_applies_to_cpu_graphs_unless_set_and_to_gpu_graphs_only_when_set():
-    auto = settings.current({})
-    assert auto.preview("cpu") and not auto.preview("cuda") and not auto.preview("cuda:0")
-    assert not auto.preview(["cpu", "cuda:0"]) and not auto.preview("unknown")  # a GPU among them, or not known
-    for word in ("1", "on", " TRUE "):
-        assert settings.current({"TILESMITH_GPU_PREVIEW": word}).preview("cuda")
-    for word in ("0", "off", "no"):
-        s = settings.current({"TILESMITH_GPU_PREVIEW": word})
-        assert not s.preview("cpu") and not s.preview("cuda")
-    with pytest.raises(TilesmithError, match="TILESMITH_GPU_PREVIEW='later' is not one of auto, on, off"):
-        settings.current({"TILESMITH_GPU_PREVIEW": "later"}).preview("cpu")
-
-
 def test_a_bad_choice_is_a_usage_error_only_where_that_setting_is_used():
     s = settings.current({"TILESMITH_SANDBOX": " Sometimes ", "TILESMITH_HOME": "/tmp/h"})
     assert s.home == Path("/tmp/h") and s.fork_mode == "auto"  # the other settings read as usual

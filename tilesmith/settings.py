@@ -29,7 +29,6 @@ VARIABLES = {
     "gate_spares": "TILESMITH_GATE_SPARES", "relower": "TILESMITH_RELOWER", "relower_only": "TILESMITH_RELOWER_ONLY",
     "native_dir": "TILESMITH_NATIVE_DIR", "debug": "TILESMITH_DEBUG", "rewrites": "TILESMITH_REWRITES",
     "in_place": "TILESMITH_IN_PLACE", "gate_refill": "TILESMITH_GATE_REFILL", "gate_busy": "TILESMITH_GATE_BUSY",
-    "gpu_preview": "TILESMITH_GPU_PREVIEW",
 }
 # Whether graphs that update their inputs in place (running statistics, optimizer steps, KV caches) are optimized
 # when TILESMITH_IN_PLACE is unset. On since `make gpu-smoke` passed with them on an H100 (the training flow's 4 graphs
@@ -38,15 +37,6 @@ VARIABLES = {
 IN_PLACE_DEFAULT = True
 GATE_REFILL_DEFAULT = False  # on needs a GPU smoke of the code that turns it on (not run yet)
 GATE_BUSY_DEFAULT = False  # likewise: the code it turns on (gate/timing.py _budget_s) has had no GPU smoke yet
-# TILESMITH_GPU_PREVIEW: changes tested on the CPU (the whole suite) whose code a GPU graph also runs, before a GPU
-# smoke has run them (the project lands nothing on the GPU path unverified there). Each is one `preview(device)` call:
-# - the native check decodes x86-64 instructions for system calls and checks the library's layout and interposed
-#   names (gate/allowlist_native.py); without it, the byte count and the checks before them;
-# - the tuner's screen and the baseline profile put an in-place-updated graph's captured state back before each
-#   timed call (capture/loading.state_reset); the profile records the machine's CPU pressure (profile/baseline.py);
-# - the allowlist lets a kernel call programmatic dependent launch's two functions (gate/allowlist_tables.py).
-# auto: on for CPU graphs, off for GPU graphs; 1/on: on for both; 0/off: off for both.
-GPU_PREVIEW_VALUES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -74,16 +64,6 @@ class Settings:
     in_place: bool  # capture makes graphs that update their inputs in place eligible (default IN_PLACE_DEFAULT)
     gate_refill: bool  # the gate writes a CPU sample's inputs into the stopped worker, timed from there (default off)
     gate_busy: bool  # a CPU pass undecided at its budget goes on, up to 3x, on a busy machine (default off)
-    gpu_preview: str  # auto | on | off (1/true/yes read as on, 0/false/no as off), lower case; default auto
-
-    def preview(self, device) -> bool:
-        """Whether the changes TILESMITH_GPU_PREVIEW holds (see GPU_PREVIEW_VALUES above) apply to a graph on `device`
-        (a device string, or several: a GPU among them makes it a GPU graph)."""
-        mode = _one_of("TILESMITH_GPU_PREVIEW", {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
-                                                 "no": "off"}.get(self.gpu_preview, self.gpu_preview),
-                       GPU_PREVIEW_VALUES, "unset it (auto: on for CPU graphs only), or set it to 1 or 0")
-        devices = [device] if isinstance(device, str) else list(device)
-        return mode == "on" or (mode == "auto" and all(str(d).startswith("cpu") for d in devices))
 
     @property
     def sandbox_mode(self) -> str:
@@ -118,8 +98,7 @@ def current(environ=None) -> Settings:
         rewrites=(raw["rewrites"] or "").strip(),
         in_place=_switch(raw["in_place"]) if (raw["in_place"] or "").strip() else IN_PLACE_DEFAULT,
         gate_refill=_switch(raw["gate_refill"]) if (raw["gate_refill"] or "").strip() else GATE_REFILL_DEFAULT,
-        gate_busy=_switch(raw["gate_busy"]) if (raw["gate_busy"] or "").strip() else GATE_BUSY_DEFAULT,
-        gpu_preview=_word(raw["gpu_preview"]))
+        gate_busy=_switch(raw["gate_busy"]) if (raw["gate_busy"] or "").strip() else GATE_BUSY_DEFAULT)
 
 
 def _switch(value: str | None) -> bool:

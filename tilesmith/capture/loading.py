@@ -55,13 +55,11 @@ def state_reset(data: GraphData, args: list):
     buffers calls it before each timed call (outside the time), so every call starts from the captured state as the
     gate's samples do: a decoder's cache position, advanced by each call, otherwise ran past the cache's end (an
     index out of bounds at the 252nd call of a tuner's screen)."""
-    from tilesmith import settings
     from tilesmith.capture.tensors import snapshot
 
     at = [i for i in sorted(int(i) for i in data.meta.get("mutated_inputs") or [])
           if i < len(args) and isinstance(args[i], torch.Tensor)]
-    # a GPU graph's screen and profile go on as before until a GPU smoke has run this (TILESMITH_GPU_PREVIEW)
-    if not at or not settings.current().preview([str(args[i].device) for i in at]):
+    if not at:
         return None
     kept = [(args[i], snapshot(data.inputs[i])) for i in at]
 

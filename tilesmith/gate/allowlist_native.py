@@ -426,13 +426,6 @@ def raw_system_calls(lib: Library) -> tuple[int, int]:
     return n, 0
 
 
-def _syscall_bytes(lib: Library) -> int:
-    """The check before the decoder: a system call's bytes at any offset of the executable segments' own bytes."""
-    if lib.machine != X86_64:
-        return raw_system_calls(lib)[0]
-    return sum(code.count(p) for code in lib.segment_code for p in (b"\x0f\x05", b"\x0f\x34", b"\xcd\x80"))
-
-
 def call_sites(lib: Library, symbol: str) -> int:
     """x86-64: how many places in the code reach `symbol` through its import slot: a call or jump to its PLT stub,
     or a RIP-relative operand that reads the slot (`call *slot`, `mov reg, slot`), at any byte offset. The stub
@@ -463,11 +456,9 @@ class NativeFinding:
     message: str
 
 
-def check_library(data: bytes, installed: tuple[str, ...] = (), decode: bool = True) -> list[NativeFinding]:
+def check_library(data: bytes, installed: tuple[str, ...] = ()) -> list[NativeFinding]:
     """Everything in the library `data` that an honest Inductor kernel does not need. installed: folders of the
-    installed software, where a search path (RPATH/RUNPATH) may point. decode False: the check as it was before the
-    decoder (system-call bytes counted at every offset; no layout, interposition or far-transfer findings), for GPU
-    graphs until a GPU smoke has run this one (settings.GPU_PREVIEW_VALUES)."""
+    installed software, where a search path (RPATH/RUNPATH) may point."""
     try:
         lib = read_library(data)
     except ElfError as e:
@@ -483,9 +474,9 @@ def check_library(data: bytes, installed: tuple[str, ...] = (), decode: bool = T
         if not os.path.isabs(p) or not any(os.path.realpath(p).startswith(r.rstrip("/") + "/") for r in installed):
             out.append(NativeFinding("allowlist-native-library", f"searches {p!r} for libraries"))
     out += [NativeFinding("allowlist-native-library", f"loads more code with it ({x})") for x in lib.loaders]
-    out += [NativeFinding("allowlist-native-library", x) for x in lib.layout] if decode else []
+    out += [NativeFinding("allowlist-native-library", x) for x in lib.layout]
     bad = sorted(s for s in lib.imports if not symbol_allowed(s))
-    bad += sorted(_interposable(lib)) if decode else []
+    bad += sorted(_interposable(lib))
     if bad:
         shown = ", ".join(bad[:12]) + (f" and {len(bad) - 12} more" if len(bad) > 12 else "")
         out.append(NativeFinding("allowlist-native-symbol", f"imports {shown}"))
@@ -496,7 +487,7 @@ def check_library(data: bytes, installed: tuple[str, ...] = (), decode: bool = T
                 out.append(NativeFinding("allowlist-native-symbol", f"calls {sym} from {n} places (Inductor's binding "
                                                                     f"calls it from {most})"))
     try:
-        n, far = raw_system_calls(lib) if decode else (_syscall_bytes(lib), 0)
+        n, far = raw_system_calls(lib)
     except ehframe.EhError as e:
         out.append(NativeFinding("allowlist-native-unreadable", f"has unwind tables this check cannot read ({e})"))
         n = far = 0
@@ -510,8 +501,8 @@ def check_library(data: bytes, installed: tuple[str, ...] = (), decode: bool = T
 
 # -- the libraries a process has mapped ---------------------------------------------------------------------------
 
-# (sha256 of a library's bytes, decode) -> its findings (the same file, again)
-_checked: dict[tuple[str, bool], list[NativeFinding]] = {}
+# sha256 of a library's bytes -> its findings (the same file, again)
+_checked: dict[str, list[NativeFinding]] = {}
 
 
 def installed_roots() -> tuple[str, ...]:
@@ -544,8 +535,7 @@ def mapped_files(pid: int) -> list[tuple[int, str]]:
     return list(dict.fromkeys(out))
 
 
-def check_process(pid: int, under: tuple[str, ...], skip: tuple[str, ...] = (), decode: bool = True
-                  ) -> list[NativeFinding]:
+def check_process(pid: int, under: tuple[str, ...], skip: tuple[str, ...] = ()) -> list[NativeFinding]:
     """Every library that process `pid` (or one under it) mapped from a folder in `under` (where builds land) and not
     in `skip` (a trusted generator's cache), read through the process's own view of its files (/proc/<pid>/root),
     checked with check_library. Findings name the library."""
@@ -565,8 +555,8 @@ def check_process(pid: int, under: tuple[str, ...], skip: tuple[str, ...] = (), 
                                                                      f"outside the process ({e.strerror})"))
             continue
         digest = hashlib.sha256(data).hexdigest()
-        if (digest, decode) not in _checked:
-            _checked[digest, decode] = check_library(data, installed, decode) if len(data) <= _MAX_BYTES else [
+        if digest not in _checked:
+            _checked[digest] = check_library(data, installed) if len(data) <= _MAX_BYTES else [
                 NativeFinding("allowlist-native-unreadable", "is larger than this check reads")]
-        out += [NativeFinding(f.code, f"{os.path.basename(path)} {f.message}") for f in _checked[digest, decode]]
+        out += [NativeFinding(f.code, f"{os.path.basename(path)} {f.message}") for f in _checked[digest]]
     return out

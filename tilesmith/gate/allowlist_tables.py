@@ -10,7 +10,6 @@ is `torch.ops.aten.mm`, however it was imported or aliased. Nothing under a modu
 
 from __future__ import annotations
 
-from tilesmith import settings
 from tilesmith.gate.allowlist_torch import ATEN_FUNCTIONS, NN_FUNCTIONAL, TENSOR_ATTRS
 
 # -- modules ----------------------------------------------------------------------------------------------------
@@ -251,7 +250,7 @@ def _classify_kernel(path: str) -> str | None:
         return "namespace"
     if path in ("triton.jit", "triton.cdiv", "triton.next_power_of_2", "torch._inductor.runtime.hints.DeviceProperties"):
         return "leaf"
-    if path in PDL and settings.current().preview("cuda"):  # TILESMITH_GPU_PREVIEW: a GPU-only call
+    if path in PDL:  # programmatic dependent launch: a GPU-only call
         return "leaf" if path in PDL_CALLS else "namespace"
     if last.startswith("_"):
         return None

@@ -18,7 +18,6 @@ import ast
 import re
 from dataclasses import dataclass
 
-from tilesmith import settings
 
 
 @dataclass
@@ -300,8 +299,7 @@ def native(worker) -> list[Finding]:
 
     caches = sandbox.shared_caches()
     under = (caches["TORCHINDUCTOR_CACHE_DIR"], caches["TILESMITH_INDUCTOR_DEFAULT_DIR"], str(worker.dir))
-    decode = settings.current().preview(getattr(worker, "device", "cpu"))  # the decoder: TILESMITH_GPU_PREVIEW
-    found = allowlist_native.check_process(worker.proc.pid, under, (caches["TRITON_CACHE_DIR"],), decode)
+    found = allowlist_native.check_process(worker.proc.pid, under, (caches["TRITON_CACHE_DIR"],))
     return [Finding(f.code, f.message, 0) for f in found]
 
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tilesmith import paths, settings
+from tilesmith import paths
 from tilesmith.launch import sandbox
 from tilesmith.launch.secrets import redact, redact_obj
 from tilesmith.errors import TilesmithError
@@ -109,8 +109,7 @@ def _profile(jobs: list, timeout_s: float, calls: int) -> list:
         res = sandbox.run_json(cmd, spec, timeout_s)
         ended, stalled_after = time.time(), procfs.cpu_pressure_us()
     busy = (round(min(1.0, (stalled_after - stalled) / 1e6 / max(ended - called, 1e-3)), 3)
-            if stalled is not None and stalled_after is not None and settings.current().preview(devices)
-            else None)  # TILESMITH_GPU_PREVIEW
+            if stalled is not None and stalled_after is not None else None)
     names = ", ".join(g.name[:12] for g in gdirs)
     if res.returncode is None:
         return [TilesmithError(f"profiling {names} took over {timeout_s:.0f} s", code="profile-timeout")] * len(jobs)
