@@ -18,7 +18,7 @@ from tilesmith import paths
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.context import DecisionContext, StageClock
 from tilesmith.gate.original import Reference, load_raw, save_sets
-from tilesmith.gate import refill as parent_refill, timed
+from tilesmith.gate import refill as parent_refill, timed, timing as timing_
 from tilesmith.gate.modes import own_replay, resolve_mode, role_modes
 from tilesmith.gate.proc import WorkerFailure, usable_cores
 from tilesmith.gate.verdict import MODES, STAGES, Pass, Policy, Reason, SetCorrectness, Timing, Verdict
@@ -103,18 +103,18 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     early = policy.confirm and usable_cores() >= policy.prestart_min_cores
     preps = [_Prepared(ctx) for _ in range(2 if early else 1)]
     ref = Reference(gdir, sets, contents, ctx.pair, ctx, quiet_first=preps[1:], specials=ctx.specials)
+    retries = [timing_.BUSY_RETRIES]  # passes a busy machine lost that may be measured again, this decision
     try:
-        v.first = Pass(seed=seeds[0])
-        ok = _pass(v, v.first, sets[seeds[0]], contents[seeds[0]], ctx, preps[0], ref, preps[1:], False)
-        preps[0].close()  # the first candidate's process is gone before the confirmation runs
+        # the first candidate's process is gone before the confirmation runs (_measured closes it)
+        ok = _measured(v, seeds[0], sets[seeds[0]], contents[seeds[0]], ctx, preps[0], ref, preps[1:], False, retries)
         v.reference64 = ref.done and ref.get()["ref64"][seeds[0]] is not None
         if ok and not policy.confirm:
             v.accepted = True
         elif ok:
             if not early:
                 preps.append(_Prepared(ctx))
-            v.confirmation = Pass(seed=seeds[1])
-            v.accepted = _pass(v, v.confirmation, sets[seeds[1]], contents[seeds[1]], ctx, preps[1], ref, [], True)
+            v.accepted = _measured(v, seeds[1], sets[seeds[1]], contents[seeds[1]], ctx, preps[1], ref, [], True,
+                                   retries)
     finally:
         ref.close(spares)
         for w in preps:
@@ -192,6 +192,44 @@ class _Prepared:
             self.worker.kill()  # ends the pending request: the thread sees the worker die and returns
             self._thread.join()
         self.worker.close()
+
+
+def _measured(v: Verdict, seed: int, named_sets: list, contents: list, ctx: DecisionContext, prep: _Prepared,
+              ref: Reference, others: list, confirmation: bool, retries: list) -> bool:
+    """A pass (v.first, or v.confirmation), in the prepared worker; measured again in a fresh worker where it was
+    rejected as not faster while the candidate's worker as a whole ran several times slower than the original's, the
+    candidate clearing the bar beside the original there (timing.slow_worker: a busy machine's doing), as long as
+    retries[0], the decision's allowance, lasts. The pass set aside goes to v.retried, its reasons and warnings off
+    the verdict, with a busy-retry warning. Every pass that counts is judged as any other: a candidate that slows its
+    own worker to be measured again gains at most BUSY_RETRIES more draws of each bound (each one-sided at
+    Policy.confidence; both passes must clear it), and a slower candidate fails the comparison beside the original."""
+    from tilesmith.gate import timing
+
+    while True:
+        p = Pass(seed=seed)
+        setattr(v, "confirmation" if confirmation else "first", p)
+        reasons, warned = len(v.reasons), len(v.warnings)
+        try:
+            ok = _pass(v, p, named_sets, contents, ctx, prep, ref, others, confirmation)
+        finally:
+            prep.close()
+        rejected = {r.code for r in v.reasons[reasons:]}
+        slow = None if ok or retries[0] <= 0 or rejected != {"not-faster"} else timing.slow_worker(
+            p.timing, ctx.policy.min_improvement)
+        if slow is None:
+            return ok
+        retries[0] -= 1
+        t = p.timing
+        v.retried.append(p)
+        del v.reasons[reasons:], v.warnings[warned:]
+        v.warnings.append(Reason("busy-retry", f"a {'confirmation' if confirmation else 'first'} pass was measured "
+                                 f"again in a fresh worker: the candidate's worker ran the original {slow:.1f}x slower "
+                                 "than the original's own worker for the whole pass (a busy machine), the candidate "
+                                 f"{t.beside_speedup:.3f}x beside it there and {t.apart_speedup:.3f}x against the "
+                                 "original apart"))
+        ctx.note("timing", "the candidate's worker ran several times slower than the original's for the whole pass: "
+                           "measuring again in a fresh worker")
+        prep = _Prepared(ctx)
 
 
 def _pass(v: Verdict, p: Pass, named_sets: list, contents: list, ctx: DecisionContext, prep: _Prepared,

@@ -401,6 +401,26 @@ def warnings(t: Timing, policy, per_call_ns: float) -> list[Reason]:
     return out
 
 
+# A pass rejected as not faster, in which the candidate cleared the bar beside the original in its own worker while
+# that worker as a whole (its copy of the original too) ran this many times slower than the original's own worker: on
+# a busy machine one worker can wait for a CPU in most of its samples for a whole pass (beside two CPU hogs on 2 cores
+# such workers ran 8-16x slower, and a genuine 1.35x win was accepted in 20 of 30 decisions: benchmarks/RESULTS.md).
+# The gate measures such a pass again in a fresh worker, at most BUSY_RETRIES times a decision (gate/__init__.py).
+SLOW_WORKER = 2.0
+BUSY_RETRIES = 2
+
+
+def slow_worker(t: Timing | None, min_improvement: float) -> float | None:
+    """How many times slower the candidate's worker ran the original than the original's own worker did, in a pass
+    whose candidate cleared the bar beside that copy and not apart, where that is SLOW_WORKER or more; else None."""
+    if t is None or not t.beside_ns or not t.baseline_ns or t.beside_low <= 1 + min_improvement:
+        return None
+    if t.apart_low > 1 + min_improvement:
+        return None
+    slow = statistics.median(t.beside_ns) / max(statistics.median(t.baseline_ns), 1)
+    return slow if slow >= SLOW_WORKER else None
+
+
 def slowed_beside(t: Timing, confidence: float) -> Estimate | None:
     """How much slower the original ran beside the candidate than apart (None when not timed beside)."""
     if not t.beside_ns or len(t.beside_ns) != len(t.baseline_ns):

@@ -174,6 +174,9 @@ class Verdict:
     # Judged with Policy.allow_nonfinite_differences: NaN/inf placed unlike the original's on the special-value
     # sets was not a rejection (a "nonfinite-differences-allowed" warning says where it happened).
     allow_nonfinite_differences: bool = False
+    # Passes set aside and measured again because the candidate's worker as a whole ran several times slower than the
+    # original's (a busy machine: gate/__init__.py _measured); each with a busy-retry warning.
+    retried: list[Pass] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -183,12 +186,16 @@ class Verdict:
         d = dict(d)
         d["reasons"] = [Reason(**r) for r in d.get("reasons", [])]
         d["warnings"] = [Reason(**r) for r in d.get("warnings", [])]
+        def one(p: dict) -> Pass:
+            p = dict(p)
+            p["correctness"] = [SetCorrectness(**c) for c in p.get("correctness", [])]
+            p["timing"] = Timing(**p["timing"]) if p.get("timing") else None
+            return Pass(**p)
+
         for k in ("first", "confirmation"):
             if d.get(k) is not None:
-                p = dict(d[k])
-                p["correctness"] = [SetCorrectness(**c) for c in p.get("correctness", [])]
-                p["timing"] = Timing(**p["timing"]) if p.get("timing") else None
-                d[k] = Pass(**p)
+                d[k] = one(d[k])
+        d["retried"] = [one(p) for p in d.get("retried") or []]
         return cls(**d)
 
     @property
@@ -200,8 +207,8 @@ def compact_verdict(vd: dict) -> dict:
     """A verdict dict without the raw nanosecond samples (hundreds of numbers a reader, or the agent,
     does not need); everything else as it was."""
     out = json.loads(json.dumps(vd))
-    for p in ("first", "confirmation"):
-        t = (out.get(p) or {}).get("timing")
+    for p in [out.get("first"), out.get("confirmation"), *(out.get("retried") or [])]:
+        t = (p or {}).get("timing")
         if t:
             t.pop("baseline_ns", None)
             t.pop("candidate_ns", None)
