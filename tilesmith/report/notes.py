@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 from tilesmith import runs
+from tilesmith.gate import timing
 
 
 def timing_notes(verdicts) -> list[str]:
@@ -41,16 +42,17 @@ def timing_notes(verdicts) -> list[str]:
 
 
 # A rejected pass whose candidate's worker as a whole ran this many times slower than the original's own worker (its
-# copy of the original too), while beside that copy the candidate cleared the bar: the machine's doing. Beside two CPU
-# hogs on 2 cores (benchmarks/RESULTS.md, the gate on a busy machine) such workers ran 8-16x slower for whole passes.
-SLOW_WORKER = 2.0
+# copy of the original too), while beside that copy the candidate cleared the bar: the machine's doing. The gate
+# measures such a pass again, a few times a decision (gate/timing.py slow_worker); these are the ones still lost.
+SLOW_WORKER = timing.SLOW_WORKER
 
 
 def _slow_worker_note(verdicts) -> str:
     """Candidates rejected as not faster that were faster beside the original in their own worker, in a pass where
     that worker as a whole ran SLOW_WORKER or more times slower than the original's: on a busy machine one worker can
     wait for the CPU for a whole pass. Said so the user can judge them again on a quieter machine; the verdict stands
-    (the candidate's own process could have slowed itself, and the apart comparison binds)."""
+    (the candidate's own process could have slowed itself, and the apart comparison binds): what the gate's retries
+    (gate/timing.py BUSY_RETRIES) did not recover."""
     hits = []
     for index, v, f in verdicts:
         codes = [r.get("code") for r in v.get("reasons") or [] if isinstance(r, dict)]

@@ -1,0 +1,140 @@
+"""A pass a busy machine lost is measured again (gate/__init__.py _measured, gate/timing.py slow_worker): the
+decision's control flow with the passes' timings given, and what stays a rejection. The measured effect on a busy
+machine is benchmarks/busy_gate.py's (benchmarks/RESULTS.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+import tilesmith.gate as gate
+from tilesmith.gate import timing
+from tilesmith.gate.verdict import Policy, Reason, Timing, Verdict
+
+
+def _timing(apart: float, beside: float, slow: float) -> Timing:
+    """A pass's timing: the candidate `apart` and `beside` times faster (their lower bounds alike), the original in the
+    candidate's worker `slow` times slower than in its own."""
+    base = [1_000_000] * 20
+    return Timing(mode="launch", baseline_ms=1.0, candidate_ms=1.0 / apart, speedup=min(apart, beside),
+                  speedup_low=min(apart, beside), speedup_high=min(apart, beside), samples=20, calls_per_sample=1,
+                  baseline_ns=base, candidate_ns=[int(1e6 / apart)] * 20, apart_speedup=apart, apart_low=apart,
+                  beside_speedup=beside, beside_low=beside, beside_ns=[int(1e6 * slow)] * 20)
+
+
+BUSY = _timing(apart=0.12, beside=1.4, slow=11.0)  # the shape beside two CPU hogs: the candidate's worker slow
+WIN = _timing(apart=1.4, beside=1.4, slow=1.0)
+SLOWER = _timing(apart=0.8, beside=0.8, slow=1.0)
+
+
+def test_slow_worker_is_the_busy_machine_shape_only():
+    bar = 0.02
+    assert timing.slow_worker(BUSY, bar) == pytest.approx(11.0)
+    assert timing.slow_worker(WIN, bar) is None  # cleared both
+    assert timing.slow_worker(SLOWER, bar) is None  # not faster beside either
+    assert timing.slow_worker(_timing(0.9, 1.4, 1.5), bar) is None  # its worker not slow enough: the candidate's doing
+    assert timing.slow_worker(_timing(0.9, 1.01, 5.0), bar) is None  # beside, not clear of the bar
+    assert timing.slow_worker(None, bar) is None
+    assert timing.slow_worker(Timing(**{**vars(BUSY), "beside_ns": []}), bar) is None  # not timed beside
+
+
+class _Prep:
+    started: list = []
+
+    def __init__(self, ctx=None):
+        self.closed = False
+        _Prep.started.append(self)
+
+    def close(self):
+        self.closed = True
+
+
+class _Ctx:
+    policy = Policy()
+    notes: list = []
+
+    def note(self, stage, text):
+        self.notes.append(text)
+
+
+def _decide(monkeypatch, timings: list) -> tuple[Verdict, bool, list]:
+    """_measured over passes whose timings come from `timings` in turn; not-faster where one does not clear both."""
+    monkeypatch.setattr(gate, "_Prepared", _Prep)
+    left = list(timings)
+
+    def fake_pass(v, p, named_sets, contents, ctx, prep, ref, others, confirmation):
+        assert not prep.closed
+        p.timing = left.pop(0)
+        v.warnings.append(Reason("original-slowed", "said of every pass here"))
+        ok = min(p.timing.apart_low, p.timing.beside_low) > 1 + ctx.policy.min_improvement
+        if not ok:
+            v.reasons.append(Reason("not-faster", "not faster"))
+        return ok
+
+    monkeypatch.setattr(gate, "_pass", fake_pass)
+    _Prep.started = []
+    v = Verdict(accepted=False, stage="timing", graph_key="g", candidate_sha256="x")
+    retries = [timing.BUSY_RETRIES]
+    first = _Prep()
+    ok = gate._measured(v, 1, [], [], _Ctx(), first, None, [], False, retries)
+    assert all(p.closed for p in _Prep.started)  # every worker it used is gone
+    assert not left, "passes left unmeasured"
+    return v, ok, retries
+
+
+def test_a_pass_lost_to_a_slow_worker_is_measured_again_in_a_fresh_one(monkeypatch):
+    v, ok, retries = _decide(monkeypatch, [BUSY, WIN])
+    assert ok and retries == [timing.BUSY_RETRIES - 1] and len(_Prep.started) == 2
+    assert v.first.timing is WIN and v.retried[0].timing is BUSY and not v.reasons
+    # the set-aside pass's warnings go with it; one busy-retry warning says what happened
+    assert [w.code for w in v.warnings] == ["busy-retry", "original-slowed"]
+    assert "11.0x slower" in v.warnings[0].message
+    d = Verdict.from_dict(v.to_dict())
+    assert d.retried[0].timing.beside_ns == BUSY.beside_ns
+
+
+def test_at_most_busy_retries_a_decision_then_the_rejection_stands(monkeypatch):
+    v, ok, retries = _decide(monkeypatch, [BUSY] * (timing.BUSY_RETRIES + 1))
+    assert not ok and retries == [0] and len(v.retried) == timing.BUSY_RETRIES
+    assert [r.code for r in v.reasons] == ["not-faster"]
+
+
+@pytest.mark.parametrize("t", [SLOWER, _timing(0.9, 1.4, 1.5)], ids=["slower", "slowed-its-own-worker-a-little"])
+def test_other_rejections_are_never_measured_again(monkeypatch, t):
+    v, ok, retries = _decide(monkeypatch, [t])
+    assert not ok and not v.retried and retries == [timing.BUSY_RETRIES]
+
+
+def test_a_rejection_with_another_reason_beside_not_faster_is_not_measured_again(monkeypatch):
+    """Only a pass rejected at timing alone, as not faster: a forged or wrong sample never earns another draw."""
+    monkeypatch.setattr(gate, "_Prepared", _Prep)
+
+    def fake_pass(v, p, *a):
+        p.timing = BUSY
+        v.reasons += [Reason("not-faster", ""), Reason("wrong-values-in-timing", "")]
+        return False
+
+    monkeypatch.setattr(gate, "_pass", fake_pass)
+    v = Verdict(accepted=False, stage="timing", graph_key="g", candidate_sha256="x")
+    assert not gate._measured(v, 1, [], [], _Ctx(), _Prep(), None, [], False, [2]) and not v.retried
+
+
+def test_the_allowance_is_the_decisions_not_each_passes(monkeypatch):
+    """The first pass and the confirmation share BUSY_RETRIES: a candidate that always makes its worker look slow gets
+    that many more passes in all, never more."""
+    monkeypatch.setattr(gate, "_Prepared", _Prep)
+    seq = [BUSY, WIN, BUSY, BUSY]
+    left = list(seq)
+
+    def fake_pass(v, p, *a):
+        p.timing = left.pop(0)
+        ok = min(p.timing.apart_low, p.timing.beside_low) > 1.02
+        if not ok:
+            v.reasons.append(Reason("not-faster", ""))
+        return ok
+
+    monkeypatch.setattr(gate, "_pass", fake_pass)
+    v = Verdict(accepted=False, stage="timing", graph_key="g", candidate_sha256="x")
+    retries = [timing.BUSY_RETRIES]
+    assert gate._measured(v, 1, [], [], _Ctx(), _Prep(), None, [], False, retries)
+    assert not gate._measured(v, 2, [], [], _Ctx(), _Prep(), None, [], True, retries)
+    assert retries == [0] and len(v.retried) == 2 and not left and v.confirmation.timing is BUSY
