@@ -64,6 +64,7 @@ def decide(graph: Path, candidate: Path, seed: int, time_budget_s: float | None)
             "stall_share": getattr(t, "busy_share", None), "budget_s": getattr(t, "budget_s", None),
             "plain_budget_s": Policy(**({"time_budget_s": time_budget_s} if time_budget_s else {})).time_budget_s,
             "seconds": [round(getattr(x, "seconds", 0.0), 2) for x in (t, c) if x],
+            "retried": len(getattr(v, "retried", [])),  # passes a busy machine lost, measured again (gate._measured)
             "why": "; ".join(f"{r.code}: {r.message[:400]}" for r in v.reasons)}
 
 
@@ -103,17 +104,21 @@ def summary(rows: list[dict]) -> dict:
                             for r in rows),
             "median_stall_share": sorted(r.get("stall_share") or 0 for r in rows)[len(rows) // 2] if rows else None,
             "rejections_by_code": dict(codes),
+            "retried": sum(r.get("retried") or 0 for r in rows),
+            "accepted_after_retry": sum(bool(r["accepted"] and r.get("retried")) for r in rows),
             "median_wall_s": sorted(r["wall_s"] for r in rows)[len(rows) // 2] if rows else None}
 
 
 def table(results: dict) -> str:
     lines = ["| candidate | decisions | accepted | 95 % bounds | forged | unstable | accepted after the budget "
-             "| CPU stall share | rejections by reason | median s |", "|---|---:|---:|---|---:|---:|---:|---:|---|---:|"]
+             "| passes measured again (accepted after) | CPU stall share | rejections by reason | median s |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     for kind, s in results["kinds"].items():
         b = f"[{s['accept_low95']:.3f}, {s['accept_high95']:.3f}]" if s["decisions"] else "-"
         why = ", ".join(f"{k} {v}" for k, v in sorted(s["rejections_by_code"].items())) or "-"
         lines.append(f"| {kind} | {s['decisions']} | {s['accepted']} | {b} | {s['forged']} | {s['unstable']} | "
-                     f"{s['extended']} | {s['median_stall_share'] or 0:.2f} | {why} | "
+                     f"{s['extended']} | {s.get('retried', 0)} ({s.get('accepted_after_retry', 0)}) | "
+                     f"{s['median_stall_share'] or 0:.2f} | {why} | "
                      f"{s['median_wall_s']} |")
     return "\n".join(lines)
 
@@ -164,7 +169,8 @@ def main() -> None:
                 rows[kind].append(r)
                 print(f"  {kind} {i + 1}: {'ACCEPT' if r['accepted'] else 'reject'} at {r['stage']} "
                       f"{','.join(r['codes'])} speedup {r['speedup'] or float('nan'):.3f} "
-                      f"low {r['low'] or float('nan'):.3f} ({r['wall_s']} s)", file=sys.stderr)
+                      f"low {r['low'] or float('nan'):.3f} ({r['wall_s']} s)"
+                      + (f", {r['retried']} pass(es) measured again" if r["retried"] else ""), file=sys.stderr)
     finally:
         stop_hogs(hogs)
     results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
