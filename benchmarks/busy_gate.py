@@ -52,11 +52,12 @@ def stop_hogs(hogs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def decide(graph: Path, candidate: Path, seed: int, time_budget_s: float | None) -> dict:
+def decide(graph: Path, candidate: Path, seed: int, time_budget_s: float | None, policy: dict | None = None) -> dict:
     from tilesmith.gate import Policy, judge
 
     t0 = time.monotonic()
-    v = judge(graph, candidate, Policy(seed=seed, **({"time_budget_s": time_budget_s} if time_budget_s else {})))
+    v = judge(graph, candidate, Policy(seed=seed, **({"time_budget_s": time_budget_s} if time_budget_s else {}),
+                                       **(policy or {})))
     t = v.first.timing if v.first and v.first.timing else None
     c = v.confirmation.timing if v.confirmation and v.confirmation.timing else None
     return {"accepted": v.accepted, "stage": v.stage, "codes": v.codes, "wall_s": round(time.monotonic() - t0, 2),
@@ -134,7 +135,8 @@ def main() -> None:
     ap.add_argument("--kinds", default="aa,slower,win", help="which kinds to judge, in turn: aa, slower, win")
     ap.add_argument("--graph", type=Path, help="a captured graph dir (default: capture examples/inference.py, CPU)")
     ap.add_argument("--arms", default="", help="environments to compare, interleaved: 'label:VAR=value,VAR=value;label:' "
-                                               "(an arm with no assignment is the environment as it is)")
+                                               "(an arm with no assignment is the environment as it is; "
+                                               "policy.FIELD=N sets an integer field of the gate's Policy)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     arms = parse_arms(a.arms) if a.arms else {"": {}}
@@ -163,8 +165,10 @@ def main() -> None:
             if time.monotonic() - start > a.budget_s:
                 break
             for (kind, (g, cand)), (arm, env) in ((k, arm) for k in kinds.items() for arm in arms.items()):
-                with environment(env):
-                    r = decide(g, cand, 1000 + i, a.time_budget)
+                # policy.FIELD=value sets a field of the gate's Policy (e.g. policy.busy_retries=0); the rest are variables
+                policy = {k[7:]: int(v) for k, v in env.items() if k.startswith("policy.")}
+                with environment({k: v for k, v in env.items() if not k.startswith("policy.")}):
+                    r = decide(g, cand, 1000 + i, a.time_budget, policy)
                 kind = f"{kind}, {arm}" if arm else kind
                 rows[kind].append(r)
                 print(f"  {kind} {i + 1}: {'ACCEPT' if r['accepted'] else 'reject'} at {r['stage']} "

@@ -73,7 +73,7 @@ def _decide(monkeypatch, timings: list) -> tuple[Verdict, bool, list]:
     monkeypatch.setattr(gate, "_pass", fake_pass)
     _Prep.started = []
     v = Verdict(accepted=False, stage="timing", graph_key="g", candidate_sha256="x")
-    retries = [timing.BUSY_RETRIES]
+    retries = [Policy().busy_retries]
     first = _Prep()
     ok = gate._measured(v, 1, [], [], _Ctx(), first, None, [], False, retries)
     assert all(p.closed for p in _Prep.started)  # every worker it used is gone
@@ -83,7 +83,7 @@ def _decide(monkeypatch, timings: list) -> tuple[Verdict, bool, list]:
 
 def test_a_pass_lost_to_a_slow_worker_is_measured_again_in_a_fresh_one(monkeypatch):
     v, ok, retries = _decide(monkeypatch, [BUSY, WIN])
-    assert ok and retries == [timing.BUSY_RETRIES - 1] and len(_Prep.started) == 2
+    assert ok and retries == [Policy().busy_retries - 1] and len(_Prep.started) == 2
     assert v.first.timing is WIN and v.retried[0].timing is BUSY and not v.reasons
     # the set-aside pass's warnings go with it; one busy-retry warning says what happened
     assert [w.code for w in v.warnings] == ["busy-retry", "original-slowed"]
@@ -93,15 +93,15 @@ def test_a_pass_lost_to_a_slow_worker_is_measured_again_in_a_fresh_one(monkeypat
 
 
 def test_at_most_busy_retries_a_decision_then_the_rejection_stands(monkeypatch):
-    v, ok, retries = _decide(monkeypatch, [BUSY] * (timing.BUSY_RETRIES + 1))
-    assert not ok and retries == [0] and len(v.retried) == timing.BUSY_RETRIES
+    v, ok, retries = _decide(monkeypatch, [BUSY] * (Policy().busy_retries + 1))
+    assert not ok and retries == [0] and len(v.retried) == Policy().busy_retries
     assert [r.code for r in v.reasons] == ["not-faster"]
 
 
 @pytest.mark.parametrize("t", [SLOWER, _timing(0.9, 1.4, 1.5)], ids=["slower", "slowed-its-own-worker-a-little"])
 def test_other_rejections_are_never_measured_again(monkeypatch, t):
     v, ok, retries = _decide(monkeypatch, [t])
-    assert not ok and not v.retried and retries == [timing.BUSY_RETRIES]
+    assert not ok and not v.retried and retries == [Policy().busy_retries]
 
 
 def test_a_rejection_with_another_reason_beside_not_faster_is_not_measured_again(monkeypatch):
@@ -119,7 +119,7 @@ def test_a_rejection_with_another_reason_beside_not_faster_is_not_measured_again
 
 
 def test_the_allowance_is_the_decisions_not_each_passes(monkeypatch):
-    """The first pass and the confirmation share BUSY_RETRIES: a candidate that always makes its worker look slow gets
+    """The first pass and the confirmation share Policy.busy_retries: a candidate that always makes its worker look slow gets
     that many more passes in all, never more."""
     monkeypatch.setattr(gate, "_Prepared", _Prep)
     seq = [BUSY, WIN, BUSY, BUSY]
@@ -134,7 +134,7 @@ def test_the_allowance_is_the_decisions_not_each_passes(monkeypatch):
 
     monkeypatch.setattr(gate, "_pass", fake_pass)
     v = Verdict(accepted=False, stage="timing", graph_key="g", candidate_sha256="x")
-    retries = [timing.BUSY_RETRIES]
+    retries = [Policy().busy_retries]
     assert gate._measured(v, 1, [], [], _Ctx(), _Prep(), None, [], False, retries)
     assert not gate._measured(v, 2, [], [], _Ctx(), _Prep(), None, [], True, retries)
     assert retries == [0] and len(v.retried) == 2 and not left and v.confirmation.timing is BUSY

@@ -18,7 +18,7 @@ from tilesmith import paths
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.context import DecisionContext, StageClock
 from tilesmith.gate.original import Reference, load_raw, save_sets
-from tilesmith.gate import refill as parent_refill, timed, timing as timing_
+from tilesmith.gate import refill as parent_refill, timed
 from tilesmith.gate.modes import own_replay, resolve_mode, role_modes
 from tilesmith.gate.proc import WorkerFailure, usable_cores
 from tilesmith.gate.verdict import MODES, STAGES, Pass, Policy, Reason, SetCorrectness, Timing, Verdict
@@ -103,7 +103,7 @@ def _run(v: Verdict, gdir: Path, meta: dict, raw: bytes, scratch: Path, policy: 
     early = policy.confirm and usable_cores() >= policy.prestart_min_cores
     preps = [_Prepared(ctx) for _ in range(2 if early else 1)]
     ref = Reference(gdir, sets, contents, ctx.pair, ctx, quiet_first=preps[1:], specials=ctx.specials)
-    retries = [timing_.BUSY_RETRIES]  # passes a busy machine lost that may be measured again, this decision
+    retries = [policy.busy_retries]  # passes a busy machine lost that may be measured again, this decision
     try:
         # the first candidate's process is gone before the confirmation runs (_measured closes it)
         ok = _measured(v, seeds[0], sets[seeds[0]], contents[seeds[0]], ctx, preps[0], ref, preps[1:], False, retries)
@@ -201,7 +201,7 @@ def _measured(v: Verdict, seed: int, named_sets: list, contents: list, ctx: Deci
     candidate clearing the bar beside the original there (timing.slow_worker: a busy machine's doing), as long as
     retries[0], the decision's allowance, lasts. The pass set aside goes to v.retried, its reasons and warnings off
     the verdict, with a busy-retry warning. Every pass that counts is judged as any other: a candidate that slows its
-    own worker to be measured again gains at most BUSY_RETRIES more draws of each bound (each one-sided at
+    own worker to be measured again gains at most Policy.busy_retries more draws of each bound (each one-sided at
     Policy.confidence; both passes must clear it), and a slower candidate fails the comparison beside the original."""
     from tilesmith.gate import timing
 

@@ -405,9 +405,8 @@ def warnings(t: Timing, policy, per_call_ns: float) -> list[Reason]:
 # that worker as a whole (its copy of the original too) ran this many times slower than the original's own worker: on
 # a busy machine one worker can wait for a CPU in most of its samples for a whole pass (beside two CPU hogs on 2 cores
 # such workers ran 8-16x slower, and a genuine 1.35x win was accepted in 20 of 30 decisions: benchmarks/RESULTS.md).
-# The gate measures such a pass again in a fresh worker, at most BUSY_RETRIES times a decision (gate/__init__.py).
+# The gate measures such a pass again in a fresh worker, at most Policy.busy_retries times a decision (gate/__init__.py).
 SLOW_WORKER = 2.0
-BUSY_RETRIES = 2
 
 
 def slow_worker(t: Timing | None, min_improvement: float) -> float | None:

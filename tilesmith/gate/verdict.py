@@ -40,6 +40,9 @@ class Policy:
     load_timeout_s: float = 600.0  # a cold compile of the wrapper's kernels can take minutes
     call_timeout_s: float = 120.0  # one correctness step (all input sets) in a worker
     confirm: bool = True
+    # Passes of one decision a busy machine lost (the candidate's worker as a whole several times slower than the
+    # original's: gate/timing.py slow_worker) that are measured again in a fresh worker; 0: none.
+    busy_retries: int = 2
     # The confirmation's worker starts with the others (its startup overlapping the first pass) when the
     # machine has at least this many cores; on fewer it starts when the first pass has passed.
     prestart_min_cores: int = 4

@@ -52,7 +52,7 @@ def _slow_worker_note(verdicts) -> str:
     that worker as a whole ran SLOW_WORKER or more times slower than the original's: on a busy machine one worker can
     wait for the CPU for a whole pass. Said so the user can judge them again on a quieter machine; the verdict stands
     (the candidate's own process could have slowed itself, and the apart comparison binds): what the gate's retries
-    (gate/timing.py BUSY_RETRIES) did not recover."""
+    (Policy.busy_retries) did not recover."""
     hits = []
     for index, v, f in verdicts:
         codes = [r.get("code") for r in v.get("reasons") or [] if isinstance(r, dict)]
