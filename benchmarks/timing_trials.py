@@ -94,7 +94,7 @@ def _set_up(wb, wc, base_role: str, mode: str, contents: list, shared: set, poli
     in graph mode again from the baseline timed alone in its own mode."""
     import torch
 
-    from tilesmith.gate import timing
+    from tilesmith.gate import sizing, timing
     from tilesmith.gate.original import save_sets
 
     def setup(role_workers, role_mode: str, buffers: int) -> None:
@@ -106,11 +106,11 @@ def _set_up(wb, wc, base_role: str, mode: str, contents: list, shared: set, poli
 
     everyone = ((wb, base_role), (wc, "candidate"), (wc, "baseline"))
     setup(everyone[:1], "launch", policy.rotating_sets)
-    per_call_ns = timing.solo_ns(wb, base_role, policy.call_timeout_s)
-    reps, buffers = timing.sample_size(policy, per_call_ns, contents, shared)  # as the gate
+    per_call_ns = sizing.solo_ns(wb, base_role, policy.call_timeout_s)
+    reps, buffers = sizing.sample_size(policy, per_call_ns, contents, shared)  # as the gate
     setup(everyone, mode, buffers)
     if mode == "graph":  # as the gate: sized again from the original timed alone in its own mode
-        reps, buffers, again = timing.resize(policy, reps, buffers, timing.solo_ns(wb, base_role, policy.call_timeout_s),
+        reps, buffers, again = sizing.resize(policy, reps, buffers, sizing.solo_ns(wb, base_role, policy.call_timeout_s),
                                              contents, shared)
         if again:
             setup(everyone, mode, buffers)
@@ -120,7 +120,7 @@ def _set_up(wb, wc, base_role: str, mode: str, contents: list, shared: set, poli
 def _load(wb, wc, gdir, device: str, policy: Policy, candidate_path, baseline_path) -> None:
     """Load the baseline into `wb`, the candidate and the baseline beside it into `wc` (as the gate does),
     and pin both to the shared CPUs when there are any."""
-    from tilesmith.gate import timing
+    from tilesmith.gate import sizing, timing
 
     best = None
     if baseline_path:
@@ -136,5 +136,5 @@ def _load(wb, wc, gdir, device: str, policy: Policy, candidate_path, baseline_pa
         beside = {"baseline_file": str(wc.dir / "baseline.py")}
     wc.request({"op": "load", "graph_dir": str(gdir), "candidate": str(cand), "device": device, **beside},
                policy.load_timeout_s)
-    for w in (wb, wc) if timing.shared_cpus() else ():  # as the gate does before timing
-        w.request({"op": "pin", "cpus": timing.shared_cpus()}, policy.call_timeout_s)
+    for w in (wb, wc) if sizing.shared_cpus() else ():  # as the gate does before timing
+        w.request({"op": "pin", "cpus": sizing.shared_cpus()}, policy.call_timeout_s)

@@ -1,4 +1,4 @@
-"""A pass a busy machine lost is measured again (gate/__init__.py _measured, gate/timing.py slow_worker): the
+"""A pass a busy machine lost is measured again (gate/__init__.py _measured, gate/readings.py slow_worker): the
 decision's control flow with the passes' timings given, and what stays a rejection. The measured effect on a busy
 machine is benchmarks/busy_gate.py's (benchmarks/RESULTS.md)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import tilesmith.gate as gate
-from tilesmith.gate import timing
+from tilesmith.gate import readings
 from tilesmith.gate.verdict import Policy, Reason, Timing, Verdict
 
 
@@ -28,13 +28,13 @@ SLOWER = _timing(apart=0.8, beside=0.8, slow=1.0)
 
 def test_slow_worker_is_the_busy_machine_shape_only():
     bar = 0.02
-    assert timing.slow_worker(BUSY, bar) == pytest.approx(11.0)
-    assert timing.slow_worker(WIN, bar) is None  # cleared both
-    assert timing.slow_worker(SLOWER, bar) is None  # not faster beside either
-    assert timing.slow_worker(_timing(0.9, 1.4, 1.5), bar) is None  # its worker not slow enough: the candidate's doing
-    assert timing.slow_worker(_timing(0.9, 1.01, 5.0), bar) is None  # beside, not clear of the bar
-    assert timing.slow_worker(None, bar) is None
-    assert timing.slow_worker(Timing(**{**vars(BUSY), "beside_ns": []}), bar) is None  # not timed beside
+    assert readings.slow_worker(BUSY, bar) == pytest.approx(11.0)
+    assert readings.slow_worker(WIN, bar) is None  # cleared both
+    assert readings.slow_worker(SLOWER, bar) is None  # not faster beside either
+    assert readings.slow_worker(_timing(0.9, 1.4, 1.5), bar) is None  # its worker not slow enough: the candidate's doing
+    assert readings.slow_worker(_timing(0.9, 1.01, 5.0), bar) is None  # beside, not clear of the bar
+    assert readings.slow_worker(None, bar) is None
+    assert readings.slow_worker(Timing(**{**vars(BUSY), "beside_ns": []}), bar) is None  # not timed beside
 
 
 class _Prep:

@@ -169,7 +169,7 @@ def test_graph_timing_sizes_its_samples_again_from_the_original_timed_alone_in_i
     the original's own per-call time asks for, with the buffer sets set up again where they must grow."""
     from types import SimpleNamespace as NS
 
-    from tilesmith.gate import proc, timing
+    from tilesmith.gate import proc, sizing
     from tilesmith.gate.timed import resized
     from tilesmith.gate.inputs import parameter_indices
     from tilesmith.gate.original import save_sets, timing_contents
@@ -182,7 +182,7 @@ def test_graph_timing_sizes_its_samples_again_from_the_original_timed_alone_in_i
     w = proc.start_worker("timer", tmp_path, "cpu", (inf_graph,))
     try:
         w.request({"op": "load", "graph_dir": str(inf_graph), "baseline": True, "device": "cpu"}, 600)
-        reps, buffers = timing.sample_size(policy, 500e6, contents, shared)  # "0.5 s a call": one call a sample
+        reps, buffers = sizing.sample_size(policy, 500e6, contents, shared)  # "0.5 s a call": one call a sample
         ctx, setups = h.decision_context(policy=policy, buffers=buffers), []
 
         def setup(pin: bool) -> None:  # as the gate sets up each role again
@@ -198,5 +198,5 @@ def test_graph_timing_sizes_its_samples_again_from_the_original_timed_alone_in_i
         w.close()
     probe = ctx.solo_in_mode_ns
     assert reps == 1 and 0 < probe < 500e6
-    assert got == timing.sample_size(policy, probe, contents, shared)[0] > 1  # the per-call time measured here
+    assert got == sizing.sample_size(policy, probe, contents, shared)[0] > 1  # the per-call time measured here
     assert got <= ctx.buffers and setups == [buffers] + ([ctx.buffers] if ctx.buffers > buffers else [])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tilesmith.gate import Policy, Verdict
-from tilesmith.gate import timing, windows
+from tilesmith.gate import sizing, timing, windows
 from tilesmith.gate.correctness import compare_values
 from tilesmith.gate.inputs import make_sets
 from tilesmith.gate.verdict import Pass, Reason, SetCorrectness, Timing
@@ -288,11 +288,11 @@ def test_samples_sized_from_plain_launches_grow_for_a_replay_timed_in_its_own_mo
     per-call time: more calls and, where needed, more buffer sets (never more calls than sets); never fewer."""
     policy = Policy()
     contents = [("captured", [torch.zeros(8, 8), torch.zeros(4)])]
-    reps, buffers = timing.sample_size(policy, 1.0e6, contents, set())  # 1 ms a call as plain launches
+    reps, buffers = sizing.sample_size(policy, 1.0e6, contents, set())  # 1 ms a call as plain launches
     assert reps <= buffers and reps == max(1, round(policy.target_sample_ms))
-    more, sets, again = timing.resize(policy, reps, buffers, 0.15e6, contents, set())  # 0.15 ms replayed
+    more, sets, again = sizing.resize(policy, reps, buffers, 0.15e6, contents, set())  # 0.15 ms replayed
     assert more == round(policy.target_sample_ms / 0.15) and sets >= more and again == (sets > buffers)
-    assert timing.resize(policy, reps, buffers, 5.0e6, contents, set()) == (reps, buffers, False)  # never fewer
+    assert sizing.resize(policy, reps, buffers, 5.0e6, contents, set()) == (reps, buffers, False)  # never fewer
 
 
 class _Hog:

@@ -198,12 +198,12 @@ def _measured(v: Verdict, seed: int, named_sets: list, contents: list, ctx: Deci
               ref: Reference, others: list, confirmation: bool, retries: list) -> bool:
     """A pass (v.first, or v.confirmation), in the prepared worker; measured again in a fresh worker where it was
     rejected as not faster while the candidate's worker as a whole ran several times slower than the original's, the
-    candidate clearing the bar beside the original there (timing.slow_worker: a busy machine's doing), as long as
+    candidate clearing the bar beside the original there (readings.slow_worker: a busy machine's doing), as long as
     retries[0], the decision's allowance, lasts. The pass set aside goes to v.retried, its reasons and warnings off
     the verdict, with a busy-retry warning. Every pass that counts is judged as any other: a candidate that slows its
     own worker to be measured again gains at most Policy.busy_retries more draws of each bound (each one-sided at
     Policy.confidence; both passes must clear it), and a slower candidate fails the comparison beside the original."""
-    from tilesmith.gate import timing
+    from tilesmith.gate import readings
 
     while True:
         p = Pass(seed=seed)
@@ -214,7 +214,7 @@ def _measured(v: Verdict, seed: int, named_sets: list, contents: list, ctx: Deci
         finally:
             prep.close()
         rejected = {r.code for r in v.reasons[reasons:]}
-        slow = None if ok or retries[0] <= 0 or rejected != {"not-faster"} else timing.slow_worker(
+        slow = None if ok or retries[0] <= 0 or rejected != {"not-faster"} else readings.slow_worker(
             p.timing, ctx.policy.min_improvement)
         if slow is None:
             return ok
@@ -257,9 +257,9 @@ def _pass(v: Verdict, p: Pass, named_sets: list, contents: list, ctx: DecisionCo
         v.reasons.append(Reason(e.code, f"{v.stage}: {e.message}"))
         return False
     if p.timing:
-        from tilesmith.gate import timing
+        from tilesmith.gate import readings
 
-        v.warnings += timing.warnings(p.timing, ctx.policy,
+        v.warnings += readings.warnings(p.timing, ctx.policy,
                                      ctx.solo_in_mode_ns or r["per_call_ns"] + p.timing.gap_us * 1e3)
     v.reasons += reasons
     return not reasons

@@ -1,6 +1,6 @@
 """Machine-wide leases on the CPUs a CPU graph's timing pins its workers to.
 
-The gate pins both timed workers of a decision to the CPUs one worker's threads use (timing.shared_cpus: the
+The gate pins both timed workers of a decision to the CPUs one worker's threads use (sizing.shared_cpus: the
 highest-numbered first). Within one optimize process decisions never overlap (its timing lock); across processes
 they can: every graph's track in its own process (`--ray`, where each CPU graph's task gets one CPU and so one
 thread) would pin to the same last core, and sixteen one-CPU tasks of a 64-core node would time on that one core.

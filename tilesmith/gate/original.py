@@ -211,7 +211,7 @@ def _reference(w, gdir, missing: dict, first_contents: list, pair, ctx: Decision
     quiet_first are idle) a solo per-call time that sizes timed samples, unless `solo_known`."""
     import torch
 
-    from tilesmith.gate.timing import solo_ns
+    from tilesmith.gate.sizing import solo_ns
 
     policy, clock, device = ctx.policy, ctx.clock, ctx.device
     out = {}

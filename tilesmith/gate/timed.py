@@ -22,7 +22,7 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
     outputs of the timed calls the parent chose, against the original's on the same inputs."""
     import torch
 
-    from tilesmith.gate import timing
+    from tilesmith.gate import sizing, timing
     from tilesmith.gate.inputs import parameter_indices
 
     policy, clock, mode = ctx.policy, ctx.clock, ctx.mode
@@ -32,7 +32,7 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
     # In graph timing the confirmation pass sizes from the first pass's probe (resized) directly.
     known = ctx.solo_in_mode_ns if mode == "graph" else None
     # Sized with the program's gap: each timed call spends it first (the probe in graph mode did too).
-    reps, ctx.buffers = timing.sample_size(policy, known or (r["per_call_ns"] + gap_ns), contents, shared)
+    reps, ctx.buffers = sizing.sample_size(policy, known or (r["per_call_ns"] + gap_ns), contents, shared)
 
     def send(worker, roles: list, role_mode: str, pin: bool) -> dict:
         if pin and cpus:
@@ -56,7 +56,7 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
 
     with contextlib.ExitStack() as lease:  # a CPU graph's timing holds its CPUs machine-wide (gate/cpulease.py)
         with clock(f"{key}.timing_setup"):
-            cpus = timing.shared_cpus()
+            cpus = sizing.shared_cpus()
             if cpus and not str(ctx.device).startswith("cuda"):
                 cpus = lease.enter_context(cpulease.leased(sorted(os.sched_getaffinity(0), reverse=True), len(cpus)))
             try:
@@ -163,14 +163,14 @@ def resized(ctx: DecisionContext, ref: Reference, reps: int, contents: list, sha
     is the aim, and each sample's fixed costs (the syncs around it, a first launch from an idle GPU) pulled
     both ratios towards 1. Sized again from the original timed alone in its own mode, the buffers set up
     anew (`setup`) where more calls need more of them (never more calls than buffer sets)."""
-    from tilesmith.gate import timing
+    from tilesmith.gate import sizing
 
     policy = ctx.policy
     try:
-        probe = timing.solo_ns(ref.timer, ref.base_role, policy.call_timeout_s, gap_ns=gap_ns)
+        probe = sizing.solo_ns(ref.timer, ref.base_role, policy.call_timeout_s, gap_ns=gap_ns)
     except RuntimeError:  # a failing call shows in the timed samples themselves, with its reason
         return reps
-    reps, buffers, again = timing.resize(policy, reps, ctx.buffers, probe, contents, shared)
+    reps, buffers, again = sizing.resize(policy, reps, ctx.buffers, probe, contents, shared)
     ctx.solo_in_mode_ns = probe  # what the baseline-slowed warning compares with
     if again:
         ctx.buffers = buffers
@@ -203,7 +203,7 @@ def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list,
         # Each kept sample names two calls (one drawn, and the last) with an output list each: the files the
         # worker wrote them to are in the candidate's folder, and a sample emptied there must not pass unchecked.
         return [Reason("protocol", "the candidate worker's kept timed samples do not match the ones chosen")]
-    # No call of a sample reads a buffer set another call of it read (timing.sample_size), and each set was
+    # No call of a sample reads a buffer set another call of it read (sizing.sample_size), and each set was
     # refilled before the sample; each call's outputs end with the inputs it updates in place as it left them
     # (gate/worker/checks.py: op_original_checks replays the sample's calls up to each kept one where a parameter
     # updated in place carries state from call to call).

@@ -116,7 +116,7 @@ class Timing:
     # time: an honest worker is idle then (timing.IDLE_CPU_SHARE).
     idle_cpu_ms: float = 0.0
     idle_wall_ms: float = 0.0
-    buffer_sets: int = 0  # rotating input buffer sets, never fewer than calls_per_sample (timing.sample_size)
+    buffer_sets: int = 0  # rotating input buffer sets, never fewer than calls_per_sample (sizing.sample_size)
     gap_us: float = 0.0  # host time spent before each timed call, both roles: the program's (graph.json program_gap)
     # The share of the pass in which some task on the machine waited for a CPU (/proc/pressure/cpu; 0 where not read),
     # and the budget the pass ran under: policy.time_budget_s, or longer on a busy machine (timing._budget_s)

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from tilesmith import runs
-from tilesmith.gate import timing
+from tilesmith.gate import readings
 
 
 def timing_notes(verdicts) -> list[str]:
@@ -43,8 +43,8 @@ def timing_notes(verdicts) -> list[str]:
 
 # A rejected pass whose candidate's worker as a whole ran this many times slower than the original's own worker (its
 # copy of the original too), while beside that copy the candidate cleared the bar: the machine's doing. The gate
-# measures such a pass again, a few times a decision (gate/timing.py slow_worker); these are the ones still lost.
-SLOW_WORKER = timing.SLOW_WORKER
+# measures such a pass again, a few times a decision (gate/readings.py slow_worker); these are the ones still lost.
+SLOW_WORKER = readings.SLOW_WORKER
 
 
 def _slow_worker_note(verdicts) -> str:

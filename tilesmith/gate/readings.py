@@ -1,0 +1,64 @@
+"""What a pass's timing says beyond its decision, read in the deciding process: the warnings a verdict carries (a
+speedup to confirm, an original slower beside the candidate than alone or apart), and the shape of a pass a busy
+machine lost, which the gate measures again (gate/__init__.py _measured)."""
+
+from __future__ import annotations
+
+import statistics
+
+from tilesmith.gate.timing import Estimate, estimate
+from tilesmith.gate.verdict import Reason, Timing
+
+# Beside the candidate, the original running this much slower than in its own worker is reported (a
+# warning, gate/__init__.py): the decision never rests on it, as the candidate must also beat the original
+# apart, which it cannot slow down; an honest candidate can leave the caches or the thread pool colder for
+# code that follows it in its process (an mm candidate: the loops original 1.25x slower beside it).
+SLOWED_BESIDE = 0.10
+
+
+def warnings(t: Timing, policy, per_call_ns: float) -> list[Reason]:
+    """What a pass's timing says without rejecting: a speedup to confirm, an original slower next to the
+    candidate than alone or beside it than apart."""
+    out = []
+    if t.speedup > policy.suspicious_speedup:
+        out.append(Reason("suspicious-speedup", f"{t.speedup:.1f}x is above {policy.suspicious_speedup:g}x: "
+                                                "confirmed in a fresh worker before acceptance"))
+    solo_ms = per_call_ns / 1e6
+    if t.baseline_ms > 5 * solo_ms and t.baseline_ms > solo_ms + 1.0:
+        # A warning, not a verdict: on a shared machine the solo time can be unlucky; the paired
+        # design still compares like with like, and the warning shows up in reports.
+        out.append(Reason("baseline-slowed", f"the original took {t.baseline_ms:.3f} ms per call next to the "
+                                             f"candidate but {solo_ms:.3f} ms alone: the candidate may slow it down"))
+    slowed = slowed_beside(t, policy.confidence)
+    if slowed and slowed.low > 1 + SLOWED_BESIDE:
+        out.append(Reason("original-slowed", f"the original ran {slowed.speedup:.2f}x slower in the candidate's worker "
+                                             f"than in its own (lower bound {slowed.low:.2f}x): the candidate leaves its "
+                                             "process slower for code that runs after it (the decision used the "
+                                             "original apart)"))
+    return out
+
+
+# A pass rejected as not faster, in which the candidate cleared the bar beside the original in its own worker while
+# that worker as a whole (its copy of the original too) ran this many times slower than the original's own worker: on
+# a busy machine one worker can wait for a CPU in most of its samples for a whole pass (beside two CPU hogs on 2 cores
+# such workers ran 8-16x slower, and a genuine 1.35x win was accepted in 20 of 30 decisions: benchmarks/RESULTS.md).
+# The gate measures such a pass again in a fresh worker, at most Policy.busy_retries times a decision (gate/__init__.py).
+SLOW_WORKER = 2.0
+
+
+def slow_worker(t: Timing | None, min_improvement: float) -> float | None:
+    """How many times slower the candidate's worker ran the original than the original's own worker did, in a pass
+    whose candidate cleared the bar beside that copy and not apart, where that is SLOW_WORKER or more; else None."""
+    if t is None or not t.beside_ns or not t.baseline_ns or t.beside_low <= 1 + min_improvement:
+        return None
+    if t.apart_low > 1 + min_improvement:
+        return None
+    slow = statistics.median(t.beside_ns) / max(statistics.median(t.baseline_ns), 1)
+    return slow if slow >= SLOW_WORKER else None
+
+
+def slowed_beside(t: Timing, confidence: float) -> Estimate | None:
+    """How much slower the original ran beside the candidate than apart (None when not timed beside)."""
+    if not t.beside_ns or len(t.beside_ns) != len(t.baseline_ns):
+        return None
+    return estimate(t.beside_ns, t.baseline_ns, confidence)
