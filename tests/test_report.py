@@ -493,7 +493,7 @@ def test_report_says_when_a_rejected_candidate_was_faster_beside_the_original_in
     """Beside two CPU hogs the candidate's worker can wait for the CPU for a whole pass (8-16x slower, its copy of the
     original too) while beside that copy it is faster (benchmarks/RESULTS.md): the verdict stands, the report says so
     and names the attempt to judge again. Not said of a candidate slower beside the original, nor of a worker that
-    ran as fast as the original's."""
+    ran as fast as the original's. A decision whose lost pass the gate measured again (verdict `retried`) says so."""
     from tilesmith import runs
 
     track = _track_eligible(copied_run)
@@ -513,3 +513,9 @@ def test_report_says_when_a_rejected_candidate_was_faster_beside_the_original_in
         assert bool(notes) == said, g.notes
         if said:
             assert "candidate 900" in notes[0] and str(attempt) in notes[0] and "10.0-10.0x slower" in notes[0]
+    # a decision whose lost pass the gate measured again says so, accepted or not
+    accepted = {**rejected, "accepted": True, "reasons": [], "retried": [rejected["first"]]}
+    (track / "profiles" / "verdict_900.json").write_text(json.dumps(accepted))
+    (g,) = [g for g in build_report().graphs if g.eligible]
+    (note,) = [n for n in g.notes if "measured again" in n]
+    assert "1 timing pass(es) of 1 decision(s)" in note and "candidates 900" in note and "1 of those decisions accepted" in note

@@ -37,7 +37,23 @@ def timing_notes(verdicts) -> list[str]:
         out.append(note)
     if note := _slow_worker_note(verdicts):
         out.append(note)
+    if note := _retried_note(verdicts):
+        out.append(note)
     return out
+
+
+def _retried_note(verdicts) -> str:
+    """Decisions with passes a busy machine lost and the gate measured again (the verdict's `retried`: the candidate's
+    worker as a whole ran the original slower than the original's own worker did; gate/readings.py slow_worker)."""
+    hits = [(index, v) for index, v, _ in verdicts if isinstance(v.get("retried"), list) and v["retried"]]
+    if not hits:
+        return ""
+    won = sum(1 for _, v in hits if v.get("accepted"))
+    passes = sum(len(v["retried"]) for _, v in hits)
+    names = ", ".join(str(i) for i, _ in hits[:8]) + (f" and {len(hits) - 8} more" if len(hits) > 8 else "")
+    return (f"{passes} timing pass(es) of {len(hits)} decision(s) measured again in a fresh worker (candidates {names}): "
+            "the candidate's worker ran the original slower than the original's own worker for the whole pass, a busy "
+            f"machine's doing; {won} of those decisions accepted, every counted pass judged as any other")
 
 
 # A rejected pass whose candidate's worker as a whole ran this many times slower than the original's own worker (its
