@@ -11,9 +11,10 @@ from tilesmith.gate import readings
 from tilesmith.gate.verdict import Policy, Reason, Timing, Verdict
 
 
-def _timing(apart: float, beside: float, slow: float) -> Timing:
-    """A pass's timing: the candidate `apart` and `beside` times faster (their lower bounds alike), the original in the
-    candidate's worker `slow` times slower than in its own."""
+def _timing(apart: float, beside: float) -> Timing:
+    """A pass's timing: the candidate `apart` and `beside` times faster (their lower bounds alike); the original in the
+    candidate's worker as much slower than in its own as the two estimates differ."""
+    slow = beside / apart
     base = [1_000_000] * 20
     return Timing(mode="launch", baseline_ms=1.0, candidate_ms=1.0 / apart, speedup=min(apart, beside),
                   speedup_low=min(apart, beside), speedup_high=min(apart, beside), samples=20, calls_per_sample=1,
@@ -21,19 +22,21 @@ def _timing(apart: float, beside: float, slow: float) -> Timing:
                   beside_speedup=beside, beside_low=beside, beside_ns=[int(1e6 * slow)] * 20)
 
 
-BUSY = _timing(apart=0.12, beside=1.4, slow=11.0)  # the shape beside two CPU hogs: the candidate's worker slow
-WIN = _timing(apart=1.4, beside=1.4, slow=1.0)
-SLOWER = _timing(apart=0.8, beside=0.8, slow=1.0)
+BUSY = _timing(apart=0.12, beside=1.4)  # the shape beside two CPU hogs: the candidate's worker slow
+WIN = _timing(apart=1.4, beside=1.4)
+SLOWER = _timing(apart=0.8, beside=0.8)
 
 
 def test_slow_worker_is_the_busy_machine_shape_only():
     bar = 0.02
-    assert readings.slow_worker(BUSY, bar) == pytest.approx(11.0)
+    assert readings.slow_worker(BUSY, bar) == pytest.approx(1.4 / 0.12)
     assert readings.slow_worker(WIN, bar) is None  # cleared both
     assert readings.slow_worker(SLOWER, bar) is None  # not faster beside either
-    assert readings.slow_worker(_timing(0.9, 1.4, 1.1), bar) is None  # two processes of the same code, a few % apart
-    assert readings.slow_worker(_timing(0.9, 1.01, 5.0), bar) is None  # beside, not faster than the bar
-    assert readings.slow_worker(_timing(0.65, 1.09, 1.67), bar) == pytest.approx(1.67)  # measured: 1.09x beside
+    assert readings.slow_worker(_timing(0.97, 1.05), bar) is None  # two processes of the same code, a few % apart
+    assert readings.slow_worker(_timing(0.2, 1.01), bar) is None  # beside, not faster than the bar
+    # the two lost wins the medians' ratio missed (benchmarks/RESULTS.md): measured again now
+    assert readings.slow_worker(_timing(0.967, 1.125), bar) == pytest.approx(1.125 / 0.967)
+    assert readings.slow_worker(_timing(0.912, 1.175), bar) == pytest.approx(1.175 / 0.912)
     assert readings.slow_worker(None, bar) is None
     assert readings.slow_worker(Timing(**{**vars(BUSY), "beside_ns": []}), bar) is None  # not timed beside
 
@@ -88,7 +91,7 @@ def test_a_pass_lost_to_a_slow_worker_is_measured_again_in_a_fresh_one(monkeypat
     assert v.first.timing is WIN and v.retried[0].timing is BUSY and not v.reasons
     # the set-aside pass's warnings go with it; one busy-retry warning says what happened
     assert [w.code for w in v.warnings] == ["busy-retry", "original-slowed"]
-    assert "11.0x slower" in v.warnings[0].message
+    assert "11.7x slower" in v.warnings[0].message
     d = Verdict.from_dict(v.to_dict())
     assert d.retried[0].timing.beside_ns == BUSY.beside_ns
 
@@ -99,7 +102,7 @@ def test_at_most_busy_retries_a_decision_then_the_rejection_stands(monkeypatch):
     assert [r.code for r in v.reasons] == ["not-faster"]
 
 
-@pytest.mark.parametrize("t", [SLOWER, _timing(0.9, 1.4, 1.1)], ids=["slower", "its-worker-a-few-percent-slower"])
+@pytest.mark.parametrize("t", [SLOWER, _timing(0.97, 1.05)], ids=["slower", "its-worker-a-few-percent-slower"])
 def test_other_rejections_are_never_measured_again(monkeypatch, t):
     v, ok, retries = _decide(monkeypatch, [t])
     assert not ok and not v.retried and retries == [Policy().busy_retries]
