@@ -27,6 +27,17 @@ WIN = _timing(apart=1.4, beside=1.4)
 SLOWER = _timing(apart=0.8, beside=0.8)
 
 
+def test_a_gpu_graphs_pass_is_read_as_the_gpu_smoke_ran_it_until_a_smoke_runs_the_estimates_ratio():
+    """On CUDA, the ratio of the original's raw-sample medians in the two workers (77fe93b, smoked); on the CPU, of the
+    two paired estimates. A pass whose medians agree while the estimates differ (the samples either ran or waited a
+    hog's slice, the shares of waits differing) is measured again on the CPU only."""
+    t = _timing(0.912, 1.175)
+    t = Timing(**{**vars(t), "beside_ns": list(t.baseline_ns)})  # the medians agree
+    assert readings.slow_worker(t, 0.02, "cpu") == pytest.approx(1.175 / 0.912)
+    assert readings.slow_worker(t, 0.02, "cuda:0") is None
+    assert readings.slow_worker(BUSY, 0.02, "cuda") == pytest.approx(1.4 / 0.12, rel=1e-3)  # beside_ns: 11.7x slower
+
+
 def test_slow_worker_is_the_busy_machine_shape_only():
     bar = 0.02
     assert readings.slow_worker(BUSY, bar) == pytest.approx(1.4 / 0.12)
@@ -54,6 +65,7 @@ class _Prep:
 
 class _Ctx:
     policy = Policy()
+    device = "cpu"
     notes: list = []
 
     def note(self, stage, text):

@@ -4,6 +4,8 @@ machine lost, which the gate measures again (gate/__init__.py _measured)."""
 
 from __future__ import annotations
 
+import statistics
+
 from tilesmith.gate.timing import Estimate, estimate
 from tilesmith.gate.verdict import Reason, Timing
 
@@ -40,24 +42,30 @@ def warnings(t: Timing, policy, per_call_ns: float) -> list[Reason]:
 # while its estimate against the original in the original's own worker was this many times lower: the same candidate
 # samples against two copies of the same code, so the two copies read differently, and the apart comparison measured
 # the processes, not the candidate. On a busy machine one worker can wait for a CPU in many of its samples for a whole
-# pass: beside two CPU hogs on 2 cores the lost wins read 1.16-10x so, and a genuine 1.35x win was rejected so in 7 of
-# 25 decisions (benchmarks/RESULTS.md); two processes of the same code on a quiet machine differ by a few %. The gate
+# pass: beside two CPU hogs on 2 cores the lost wins read 1.16-10x so, and a genuine 1.36x win was rejected in 14 of
+# 25 decisions with no pass measured again, 0 of 25 with (benchmarks/RESULTS.md); two processes of the same code on a
+# quiet machine differ by a few %. The gate
 # measures such a pass again in a fresh worker, at most Policy.busy_retries times a decision (gate/__init__.py
 # _measured). The ratio of the two paired estimates, not of the raw samples' medians: each sample either ran or waited
 # a hog's whole slice, and two workers' medians can both sit in the fast mode while their shares of waits differ.
 SLOW_WORKER = 1.15
 
 
-def slow_worker(t: Timing | None, min_improvement: float) -> float | None:
+def slow_worker(t: Timing | None, min_improvement: float, device: str = "cpu") -> float | None:
     """beside_speedup / apart_speedup (how many times slower the candidate's worker ran the original than the original's
     own worker did, read through the same candidate samples), in a pass whose candidate was not shown faster apart
     and read faster than the bar beside the original (its median; the bound may not have cleared yet when the apart
-    comparison ended the pass), where that is SLOW_WORKER or more; else None."""
-    if t is None or not t.beside_ns or t.beside_speedup <= 1 + min_improvement or t.apart_speedup <= 0:
+    comparison ended the pass), where that is SLOW_WORKER or more; else None. A GPU graph's pass (`device` cuda) is
+    read as the GPU smoke of 77fe93b ran it, until a smoke has run this reading: the ratio of the original's raw-sample
+    medians in the two workers."""
+    if t is None or not t.beside_ns or not t.baseline_ns or t.beside_speedup <= 1 + min_improvement:
         return None
-    if t.apart_low > 1 + min_improvement:
+    if t.apart_low > 1 + min_improvement or t.apart_speedup <= 0:
         return None
-    slow = t.beside_speedup / t.apart_speedup
+    if str(device).startswith("cuda"):
+        slow = statistics.median(t.beside_ns) / max(statistics.median(t.baseline_ns), 1)
+    else:
+        slow = t.beside_speedup / t.apart_speedup
     return slow if slow >= SLOW_WORKER else None
 
 
