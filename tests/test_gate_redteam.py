@@ -164,6 +164,14 @@ def test_gate_rejects_a_cheat_the_screen_missed_for_the_right_reason(inf_graph, 
     # candidate than alone, and the gate rightly said `unstable-timing` (in two of three fresh-clone suite runs).
     monkeypatch.setenv("OMP_NUM_THREADS", "1" if code == "not-faster" else "2")
     v = _judge(inf_graph, maker((inf_graph / "wrapper.py").read_text()), tmp_path)
+    for _ in range(2):
+        # A cheat caught by the checks of its timed calls can first read clearly slower on a loaded machine, and a pass
+        # that ends at its first look checks few calls: beside another test suite, `degrades_every_kth_call` (zeros
+        # every third call) read 0.43x and none of its checked calls was a zero one. Rejected all the same; judged
+        # again, up to three decisions, for the reason this test is about.
+        if code in ("not-faster", "unstable-timing") or not h.timing_only(v):
+            break
+        v = _judge(inf_graph, maker((inf_graph / "wrapper.py").read_text()), tmp_path)
     assert not v.accepted
     assert v.codes == [code] and v.stage in ((stage,) if isinstance(stage, str) else stage), v.reasons
 
