@@ -38,7 +38,9 @@ from tilesmith_cli.app import app
 
 runner = CliRunner()
 SIZES = (128, 96, 64)
-TRIES = 3  # a genuine win is offered again when a shared machine's noise left it undecided (tests/test_optimize.py)
+# A genuine win is offered again when a shared machine's noise left it undecided (tests/test_optimize.py): with another
+# test suite beside this one on the 2 cores, three offers of the 128 graph's win were all rejected at timing once.
+TRIES = 5
 RO = "reduce-overhead's CUDA graph"
 KEEP = "keep your compile mode; the runtime replays this graph itself and turns Inductor's replay off for it"
 
