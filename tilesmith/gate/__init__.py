@@ -197,8 +197,8 @@ class _Prepared:
 def _measured(v: Verdict, seed: int, named_sets: list, contents: list, ctx: DecisionContext, prep: _Prepared,
               ref: Reference, others: list, confirmation: bool, retries: list) -> bool:
     """A pass (v.first, or v.confirmation), in the prepared worker; measured again in a fresh worker where it was
-    rejected as not faster while the candidate's worker as a whole ran several times slower than the original's, the
-    candidate clearing the bar beside the original there (readings.slow_worker: a busy machine's doing), as long as
+    rejected as not faster while the candidate's worker as a whole ran the original slower than the original's own
+    worker did, the candidate faster than the bar beside the original there (readings.slow_worker: a busy machine's doing), as long as
     retries[0], the decision's allowance, lasts. The pass set aside goes to v.retried, its reasons and warnings off
     the verdict, with a busy-retry warning. Every pass that counts is judged as any other: a candidate that slows its
     own worker to be measured again gains at most Policy.busy_retries more draws of each bound (each one-sided at
@@ -227,8 +227,8 @@ def _measured(v: Verdict, seed: int, named_sets: list, contents: list, ctx: Deci
                                  "than the original's own worker for the whole pass (a busy machine), the candidate "
                                  f"{t.beside_speedup:.3f}x beside it there and {t.apart_speedup:.3f}x against the "
                                  "original apart"))
-        ctx.note("timing", "the candidate's worker ran several times slower than the original's for the whole pass: "
-                           "measuring again in a fresh worker")
+        ctx.note("timing", "the candidate's worker ran the original slower than the original's own worker for the whole "
+                           "pass: measuring again in a fresh worker")
         prep = _Prepared(ctx)
 
 

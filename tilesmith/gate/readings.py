@@ -44,9 +44,8 @@ def warnings(t: Timing, policy, per_call_ns: float) -> list[Reason]:
 # the processes, not the candidate. On a busy machine one worker can wait for a CPU in many of its samples for a whole
 # pass: beside two CPU hogs on 2 cores the lost wins read 1.16-10x so, and a genuine 1.36x win was rejected in 14 of
 # 25 decisions with no pass measured again, 0 of 25 with (benchmarks/RESULTS.md); two processes of the same code on a
-# quiet machine differ by a few %. The gate
-# measures such a pass again in a fresh worker, at most Policy.busy_retries times a decision (gate/__init__.py
-# _measured). The ratio of the two paired estimates, not of the raw samples' medians: each sample either ran or waited
+# quiet machine differ by a few %. The gate measures such a pass again in a fresh worker, at most Policy.busy_retries
+# times a decision (gate/__init__.py _measured). The ratio of the two paired estimates, not of the raw samples' medians: each sample either ran or waited
 # a hog's whole slice, and two workers' medians can both sit in the fast mode while their shares of waits differ.
 SLOW_WORKER = 1.15
 
