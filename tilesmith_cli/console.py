@@ -80,6 +80,7 @@ def run_guarded(fn, as_json: bool = False, resume=None):
     except TilesmithError as e:
         fail(e, as_json)
     except KeyboardInterrupt:
+        _forget_the_interrupt()
         how = resume() if resume is not None else None
         err.print("[yellow]interrupted[/yellow]: what was confirmed is saved" + (f"; `{how}` carries on" if how else ""),
                   markup=True)
@@ -93,3 +94,15 @@ def run_guarded(fn, as_json: bool = False, resume=None):
             err.print(f"[red]error:[/red] unexpected {type(e).__name__}: {e}", markup=True)
             err.print("[dim]hint: set TILESMITH_DEBUG=1 for the traceback[/dim]", markup=True)
         raise typer.Exit(1) from None
+
+
+def _forget_the_interrupt() -> None:
+    """Clear CPython's mark of an unhandled Ctrl-C: this one is handled, and the exit status is to be ours (130).
+
+    CPython marks a KeyboardInterrupt unhandled whenever one leaves code that exec() or eval() ran from a string
+    (Python/pythonrun.c, run_eval_code_obj), even when a caller catches it, and a process started as `python -m`
+    and so marked ends by killing itself with SIGINT (status -2 to its parent, the message printed all the same).
+    Such code runs all the time: every dataclass's generated methods, e.g. while torch._inductor is imported
+    (2 of 20 Ctrl-Cs in the first second of `python -m tilesmith_cli.app optimize` landed there). A string that
+    runs to its end clears the mark."""
+    exec("")
