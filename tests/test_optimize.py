@@ -321,6 +321,24 @@ def test_ctrl_c_keeps_the_confirmed_win_marks_the_run_interrupted_and_resume_fin
     assert resumed.status == "complete" and resumed.tracks[0].loops_done == 1 and resumed.tracks[0].status == "done"
 
 
+
+def test_a_ctrl_c_whose_keyboard_interrupt_is_swallowed_still_stops_the_run_and_marks_it_interrupted(oversub_ws):
+    import signal
+
+    def propose(track, settings):
+        try:  # a real SIGINT, whose KeyboardInterrupt a library swallows (mpmath's bare except around `import gmpy`)
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        yield Candidate(_serial(track.best_text), "proposed after the Ctrl-C")
+
+    with pytest.raises(KeyboardInterrupt):
+        opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", **FAST_GATE), optimizer=from_generator(propose))
+    (rid,) = [p.name for p in paths.runs_dir().iterdir()]
+    run = runs.load_run(rid)
+    (t,) = run.graphs.values()
+    assert run.status == "interrupted" and t["status"] == "interrupted" and t["candidates"] == 0, (run.status, t)
+
 def test_jobs_runs_graphs_concurrently_and_every_track_ends(training_ws):
     import threading
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal
@@ -175,14 +177,16 @@ def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSe
         save(t)
     r = _Run(run.run_id, ws, settings, optimizer,
              time.monotonic() + settings.max_minutes * 60 if settings.max_minutes else None, threading.Event(), save, note)
-    interrupted = False
+    interrupted, ctrl_c = False, threading.Event()
     try:  # from the moment the caller learns the run id, a Ctrl-C leaves the run marked interrupted
-        note("run", run_id=run.run_id, graphs=len(graphs))
-        with keep_spares(default_spares()) as r.spares:  # decisions run back to back: workers start ahead
-            _work_all(r, _placed_elsewhere(r, graphs, tracks, lanes), tracks)
+        with _stopping_on_ctrl_c(r.stop, ctrl_c):
+            note("run", run_id=run.run_id, graphs=len(graphs))
+            with keep_spares(default_spares()) as r.spares:  # decisions run back to back: workers start ahead
+                _work_all(r, _placed_elsewhere(r, graphs, tracks, lanes), tracks)
     except KeyboardInterrupt:
         interrupted = True
         r.stop.set()
+    interrupted = interrupted or ctrl_c.is_set()  # its KeyboardInterrupt swallowed on the way: the run still stopped
     unfinished = [t for t in tracks.values() if t.status not in FINAL]
     for t in unfinished:
         if t.status == "running":
@@ -197,6 +201,31 @@ def optimize(workspace: str | Path = "tilesmith-workspace", settings: OptimizeSe
     if interrupted:
         raise KeyboardInterrupt
     return OptimizeResult(r.run_id, run.status, list(tracks.values()))
+
+
+@contextmanager
+def _stopping_on_ctrl_c(stop: threading.Event, seen: threading.Event):
+    """While in it, SIGINT also sets `stop` (tracks end at their next step) and `seen`, then raises its
+    KeyboardInterrupt as before. Code under the driver may swallow that exception, both met while torch._inductor
+    is imported (launch/sandbox.py vec_isa_settled): mpmath's bare `except:` around `import gmpy`, and Python
+    3.11's RuntimeError around an error in a `__set_name__`, caught there as any Exception. The run then went on
+    to its end and `tilesmith optimize` exited 0 (2 of 30 Ctrl-Cs in its first second on a loaded 2-core
+    machine). Off the main thread, or where SIGINT is ignored, at its default or not Python's, nothing changes."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+
+    def on_sigint(signum, frame):
+        seen.set()
+        stop.set()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _start(workspace, settings: OptimizeSettings | None, resume: str | None):
