@@ -185,3 +185,35 @@ def test_the_agents_kernel_bench_calls_a_decode_step_from_its_captured_state_eve
     g, _ = _decode_graph(decode_ws)
     b = kernel_bench.bench((g / "wrapper.py").read_text(), g, calls=40)
     assert b.calls == 40 and b.wall_ms > 0 and b.kernels and b.instrumented_ms > 0
+
+
+def test_the_gate_never_takes_a_decode_steps_cache_further_than_the_program_did(decode_ws, tmp_path):
+    """The gate's samples and warm-ups call a graph back to back; where a parameter it updates in place carries state
+    from call to call (the cache's position counter), each run of calls from the captured state is capped at the
+    program's own count (3 tokens here: inputs.state_horizon) and the state is put back before every untimed call
+    (gate/worker/setup.restart). Asked for 60 ms samples (64 buffer sets, 128 warm-up calls: on the H100 the gate's
+    GPU-sized samples ran the 64-token cache out of bounds, "device-side assert triggered", and rejected the honest
+    original as `raised`), the original is still judged not faster than itself, in launch and graph timing alike."""
+    from tilesmith.gate.inputs import state_horizon
+
+    g, meta = _decode_graph(decode_ws)
+    assert state_horizon(meta) == 3, meta.get("program_gap")
+    text = (g / "wrapper.py").read_text()
+    v, problem = corpus.judged(g, text, tmp_path / "aa", "aa", target_sample_ms=60.0, confirm=False)
+    assert not problem, problem
+    assert v.first.timing.calls_per_sample <= 3, v.first.timing
+
+
+def test_state_horizon_is_the_programs_own_call_count_where_a_parameter_carries_state():
+    from tilesmith.gate import sizing
+    from tilesmith.gate.inputs import state_horizon
+    from tilesmith.gate.verdict import Policy
+
+    inputs = [{"parameter": True}, {"parameter": False}]
+    assert state_horizon({"inputs": inputs, "mutated_inputs": [], "program_gap": {"calls": 3}}) is None
+    assert state_horizon({"inputs": inputs, "mutated_inputs": [1], "program_gap": {"calls": 3}}) is None  # refilled each sample
+    assert state_horizon({"inputs": inputs, "mutated_inputs": [0], "program_gap": {"calls": 3}}) == 3
+    assert state_horizon({"inputs": inputs, "mutated_inputs": [0]}) == 1  # an older capture: one call from the state
+    sets = [("a", [])]
+    assert sizing.sample_size(Policy(target_sample_ms=2.0), 1e4, sets, set()) == (64, 64)
+    assert sizing.sample_size(Policy(target_sample_ms=2.0), 1e4, sets, set(), horizon=3) == (3, 4)

@@ -30,6 +30,23 @@ def updated_indices(meta: dict) -> set[int]:
     return {int(i) for i in meta.get("mutated_inputs") or []}
 
 
+def state_horizon(meta: dict) -> int | None:
+    """For a graph that updates a parameter in place (one buffer for every set, carrying state from call to call:
+    a KV cache's position counter, an optimizer's step), the most calls the gate makes from the captured state
+    before restoring it: as many as the program itself made (graph.json program_gap's calls, at least 1), so every
+    state a call starts from is one the program's own calls reached. Beyond them a counter runs where the program
+    never took it: a decode step's cache position past the cache's end (on the H100, the gate's 128 warm-up calls
+    of 64 buffer sets indexed a 64-token cache out of bounds; "device-side assert triggered", an honest original
+    rejected as `raised`). None: no such input (no limit)."""
+    if not (updated_indices(meta) & parameter_indices(meta)):
+        return None
+    gap = meta.get("program_gap") if isinstance(meta.get("program_gap"), dict) else {}
+    try:
+        return max(1, int(gap.get("calls") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
 def trees_static(meta: dict) -> list[int] | None:
     """The inputs the gate's trees mode marks static (gate/worker_trees.py): those Inductor marked static
     when it compiled the graph (graph.json's inductor_static_inputs), where each of them is one the gate

@@ -26,17 +26,18 @@ MOST_BUFFERS = 64
 BUFFER_CAP_BYTES = 1 << 30
 
 
-def sample_size(policy, per_call_ns: float, contents: list, shared: set) -> tuple[int, int]:
+def sample_size(policy, per_call_ns: float, contents: list, shared: set, horizon: int | None = None) -> tuple[int, int]:
     """(calls per timed sample, rotating buffer sets). A sample takes about policy.target_sample_ms, but
     never has more calls than there are buffer sets: no call of a sample reads an address or values
     another call of it read. With more calls than buffers (a graph under 31 us per call, or inputs too
     big for 64 sets), a cache keyed on its inputs' addresses and first and last elements answered every
     later lap of a sample from memory, right on the checked calls, and was accepted at a speedup it
     never has in a program (tests/redteam.py). `shared`: inputs held in one buffer for every set
-    (parameters), not counted against the memory cap."""
+    (parameters), not counted against the memory cap. `horizon`: at most this many calls a sample, where a
+    parameter updated in place carries state from call to call (inputs.state_horizon)."""
     import torch
 
-    reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / per_call_ns)))
+    reps = max(1, min(100000, round(policy.target_sample_ms * 1e6 / per_call_ns), horizon or 100000))
     rotating = sum(x.untyped_storage().nbytes() for i, x in enumerate(contents[0][1])
                    if isinstance(x, torch.Tensor) and i not in shared)
     fit = BUFFER_CAP_BYTES // max(1, rotating)
@@ -44,11 +45,12 @@ def sample_size(policy, per_call_ns: float, contents: list, shared: set) -> tupl
     return min(reps, buffers), buffers
 
 
-def resize(policy, reps: int, buffers: int, per_call_ns: float, contents: list, shared: set) -> tuple[int, int, bool]:
+def resize(policy, reps: int, buffers: int, per_call_ns: float, contents: list, shared: set,
+           horizon: int | None = None) -> tuple[int, int, bool]:
     """(calls per sample, buffer sets, whether the buffers must be set up again) for a per-call time measured
     in the timing mode itself: more calls where the mode runs faster than the time the sizes came from, never
     fewer (the buffers are there already), never more calls than buffer sets."""
-    want, need = sample_size(policy, per_call_ns, contents, shared)
+    want, need = sample_size(policy, per_call_ns, contents, shared, horizon)
     if want <= reps:
         return reps, buffers, False
     return want, max(buffers, need), need > buffers

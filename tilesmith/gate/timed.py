@@ -23,7 +23,7 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
     import torch
 
     from tilesmith.gate import sizing, timing
-    from tilesmith.gate.inputs import parameter_indices
+    from tilesmith.gate.inputs import parameter_indices, state_horizon
 
     policy, clock, mode = ctx.policy, ctx.clock, ctx.mode
     ctx.note("timing", f"timing ({mode}), paired and interleaved, the original in its own worker and beside the candidate")
@@ -32,7 +32,8 @@ def run(p: Pass, contents: list, ctx: DecisionContext, w, ref: Reference, r: dic
     # In graph timing the confirmation pass sizes from the first pass's probe (resized) directly.
     known = ctx.solo_in_mode_ns if mode == "graph" else None
     # Sized with the program's gap: each timed call spends it first (the probe in graph mode did too).
-    reps, ctx.buffers = sizing.sample_size(policy, known or (r["per_call_ns"] + gap_ns), contents, shared)
+    reps, ctx.buffers = sizing.sample_size(policy, known or (r["per_call_ns"] + gap_ns), contents, shared,
+                                           state_horizon(ctx.meta))
 
     def send(worker, roles: list, role_mode: str, pin: bool) -> dict:
         if pin and cpus:
@@ -163,14 +164,15 @@ def resized(ctx: DecisionContext, ref: Reference, reps: int, contents: list, sha
     is the aim, and each sample's fixed costs (the syncs around it, a first launch from an idle GPU) pulled
     both ratios towards 1. Sized again from the original timed alone in its own mode, the buffers set up
     anew (`setup`) where more calls need more of them (never more calls than buffer sets)."""
-    from tilesmith.gate import sizing
+    from tilesmith.gate import inputs, sizing
 
     policy = ctx.policy
     try:
         probe = sizing.solo_ns(ref.timer, ref.base_role, policy.call_timeout_s, gap_ns=gap_ns)
     except RuntimeError:  # a failing call shows in the timed samples themselves, with its reason
         return reps
-    reps, buffers, again = sizing.resize(policy, reps, ctx.buffers, probe, contents, shared)
+    reps, buffers, again = sizing.resize(policy, reps, ctx.buffers, probe, contents, shared,
+                                         inputs.state_horizon(ctx.meta))
     ctx.solo_in_mode_ns = probe  # what the baseline-slowed warning compares with
     if again:
         ctx.buffers = buffers

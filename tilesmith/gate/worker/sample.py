@@ -18,7 +18,7 @@ import torch
 
 from tilesmith.capture.tensors import span_numel
 from tilesmith.gate import clock
-from tilesmith.gate.worker.setup import _device_sync, _updated
+from tilesmith.gate.worker.setup import _device_sync, _updated, restart
 from tilesmith.gate.worker.state import State
 from tilesmith.gate.worker.tensors import PRIMS, _refill, _to_cpu, outputs_digest, snapshot as _snapshot
 
@@ -144,6 +144,7 @@ def op_warm(st: State, req: dict) -> dict:
     st.pending = None
     thunks = st.timed[role]
     n = len(thunks)
+    restart(st, role)  # state carried from call to call goes no further than a sample takes it (setup.restart)
     with torch.no_grad():
         # Half a sample's worth: the process or role that ran last (the other worker, or the other role in this
         # one) leaves caches, TLB and sleeping threads behind, and without these a sample timed right after

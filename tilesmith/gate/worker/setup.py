@@ -15,7 +15,7 @@ from tilesmith.gate.inputs import parameter_indices, trees_static, updated_indic
 from tilesmith.gate.worker import patches, seccomp
 from tilesmith.gate.worker.fingerprint import process_state
 from tilesmith.gate.worker.state import State
-from tilesmith.gate.worker.tensors import _to_device
+from tilesmith.gate.worker.tensors import _refill, _to_device
 
 _perf_ns = time.perf_counter_ns  # bound before candidate code exists in this process
 _CUDA = torch.cuda.is_available()
@@ -117,7 +117,9 @@ def op_time_setup(st: State, req: dict) -> dict:
         with torch.no_grad():
             for _ in range(2):  # warm-up: first calls autotune and allocate, a replay records its graphs
                 for thunk in st.timed[role]:
+                    restart(st, role)
                     thunk()
+        restart(st, role)
     _device_sync()
     out = {"trees_fallback": dict(st.trees_fallback)} if st.trees_fallback else {}
     if st.device == "cpu":  # where the parent writes a sample's values into the buffers itself (gate/refill.py)
@@ -129,6 +131,22 @@ def op_time_setup(st: State, req: dict) -> dict:
 def _updated(st: State) -> list[int]:
     """The inputs the graph updates in place (graph.json's mutated_inputs)."""
     return sorted(updated_indices(st.data.meta)) if st.data else []
+
+
+def restart(st: State, role: str) -> None:
+    """Put the captured state back into the parameters the graph updates in place (one buffer for every set, so
+    each call carries its state to the next: a KV cache and its position counter, running statistics, optimizer
+    state), before untimed calls: the warm-ups here and before each sample (sample.op_warm), the graph captures.
+    With the timed samples' calls capped at the program's own count (inputs.state_horizon) and each sample starting
+    from the captured state (sample._set_content), no call runs from a state the program's own calls never reached.
+    Their content is the same in every pool set and never perturbed: nothing a sample will read."""
+    pool = st.pool.get(role)
+    if not pool:
+        return
+    for i in st.shared & set(_updated(st)):
+        x = st.bufs[role][0][i]
+        if isinstance(x, torch.Tensor):
+            _refill(x, pool[0][i])
 
 
 def _with_updated(thunk, updated: tuple, seqs=(list, tuple), type_=type) -> list:
@@ -169,6 +187,7 @@ def _capture_graph(st: State, role: str, fn, bufs):
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(2):
+                restart(st, role)
                 fn(list(bufs))
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
