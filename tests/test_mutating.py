@@ -217,3 +217,15 @@ def test_state_horizon_is_the_programs_own_call_count_where_a_parameter_carries_
     sets = [("a", [])]
     assert sizing.sample_size(Policy(target_sample_ms=2.0), 1e4, sets, set()) == (64, 64)
     assert sizing.sample_size(Policy(target_sample_ms=2.0), 1e4, sets, set(), horizon=3) == (3, 4)
+
+
+def test_a_decode_step_that_answers_from_memory_when_its_state_comes_back_is_rejected(decode_ws, tmp_path):
+    """The decode step's samples start from its captured state; its token and position have one recorded value each,
+    so only a fresh scaling of the state's floats before each sample (worker/sample._set_content) makes every
+    sample's calls new. A candidate that remembers each call's outputs and resulting state by a probe of its inputs
+    (tests/redteam_updates.remembers_the_step_by_its_state; its state kept where Inductor's Runner keeps its own,
+    which the screen allows) must not be accepted."""
+    g, meta = _decode_graph(decode_ws)
+    text = cheats.remembers_the_step_by_its_state((g / "wrapper.py").read_text(), [int(i) for i in meta["mutated_inputs"]])
+    v, _ = corpus.judged(g, text, tmp_path / "cheat", "cheat")
+    assert not v.accepted and v.stage in ("timing", "confirmation"), (v.stage, v.codes, [r.message[:200] for r in v.reasons])

@@ -101,8 +101,8 @@ class Refill:
             return None  # one buffer for every set, the same content: nothing to refill (an updated one: at set 0)
         n = span_numel(like)
         flat = src.as_strided((n,), (1,), src.storage_offset()).clone()
-        if i in self.shared or seed is None or like.dtype.is_complex:
-            return flat
+        if seed is None or like.dtype.is_complex or (i in self.shared and not like.dtype.is_floating_point):
+            return flat  # an updated parameter's integers stay as captured (a position, a step count)
         info = self.inputs[i] if i < len(self.inputs) else {}
         g = torch.Generator(device="cpu").manual_seed((int(seed) * 1009 + b * 101 + i) % (1 << 62))
         if like.dtype.is_floating_point:

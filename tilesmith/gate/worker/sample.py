@@ -305,28 +305,43 @@ def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:
     from memory: floats are scaled by 1 + 1e-2 * uniform(-1, 1) elementwise (signs and zeros kept),
     integers and bools drawn afresh inside their recorded [min, max] as the correctness sets draw them
     (the pool's few contents came back every few samples: a cache keyed on token ids answered from
-    memory, right on every checked call; tests/redteam.py)."""
+    memory, right on every checked call; tests/redteam.py). A parameter the graph updates in place (one
+    buffer for every set) is refilled at set 0, and its floats scaled too: its integers (a cache's position,
+    a step count) kept as captured. Unscaled, every sample of a decode step whose other inputs are a token and
+    a position (one recorded value each) replayed the same calls on the same values: a cache keyed on them
+    could answer a whole sample from memory, right on every checked call."""
     inputs = (st.data.meta.get("inputs") if st.data else None) or [{}] * len(bufs)
     updated = _updated(st)
     for i, (dst, src) in enumerate(zip(bufs, content)):
         if i in st.shared:  # one buffer for every set, and the same content in each: nothing to refill ...
             if b == 0 and i in updated:  # ... but where the graph updates it: each sample starts from its content
                 _refill(dst, src)
+                if seed is not None and isinstance(dst, torch.Tensor) and dst.dtype.is_floating_point:
+                    _perturb(dst, seed, b, i)
             continue
         _refill(dst, src)
         info = inputs[i] if i < len(inputs) else {}
         if seed is None or not isinstance(dst, torch.Tensor) or not span_numel(dst) or dst.dtype.is_complex:
             continue
-        n = span_numel(dst)
-        g = torch.Generator(device=dst.device).manual_seed((int(seed) * 1009 + b * 101 + i) % (1 << 62))
-        flat = dst.as_strided((n,), (1,), dst.storage_offset())
+        flat, g = _perturb(dst, seed, b, i)
         if dst.dtype.is_floating_point:
-            u = torch.rand(n, generator=g, device=dst.device, dtype=torch.float32)
-            flat.mul_((1.0 + 1e-2 * (2.0 * u - 1.0)).to(dst.dtype))
             continue
         r = info.get("range") or {}
         if "min" in r and "max" in r and int(r["max"]) > int(r["min"]):
-            flat.copy_(torch.randint(int(r["min"]), int(r["max"]) + 1, (n,), generator=g, device=dst.device))
+            flat.copy_(torch.randint(int(r["min"]), int(r["max"]) + 1, (flat.numel(),), generator=g, device=dst.device))
+
+
+def _perturb(dst, seed, b: int, i: int) -> tuple:
+    """Scale a float buffer's storage span by 1 + 1e-2 * uniform(-1, 1) elementwise, drawn on its device from
+    (seed, set b, input i), in place (an integer one is left as it is); (the flat span, the generator, for an
+    integer's fresh draw)."""
+    n = span_numel(dst)
+    g = torch.Generator(device=dst.device).manual_seed((int(seed) * 1009 + b * 101 + i) % (1 << 62))
+    flat = dst.as_strided((n,), (1,), dst.storage_offset())
+    if n and dst.dtype.is_floating_point:
+        u = torch.rand(n, generator=g, device=dst.device, dtype=torch.float32)
+        flat.mul_((1.0 + 1e-2 * (2.0 * u - 1.0)).to(dst.dtype))
+    return flat, g
 
 
 def _keep_pending(st: State) -> None:
