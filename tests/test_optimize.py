@@ -332,8 +332,14 @@ def test_a_ctrl_c_whose_keyboard_interrupt_is_swallowed_still_stops_the_run_and_
             pass
         yield Candidate(_serial(track.best_text), "proposed after the Ctrl-C")
 
-    with pytest.raises(KeyboardInterrupt):
-        opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", **FAST_GATE), optimizer=from_generator(propose))
+    # Python's own handler, as `tilesmith optimize` has it (a pytest-xdist worker runs with SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            opt.optimize(oversub_ws, opt.OptimizeSettings(optimizer="tuner", **FAST_GATE),
+                         optimizer=from_generator(propose))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     (rid,) = [p.name for p in paths.runs_dir().iterdir()]
     run = runs.load_run(rid)
     (t,) = run.graphs.values()
