@@ -30,6 +30,17 @@ def updated_indices(meta: dict) -> set[int]:
     return {int(i) for i in meta.get("mutated_inputs") or []}
 
 
+# Where the guards on state carried from call to call apply (state_horizon; worker/setup.restart; the fresh scaling of
+# an updated parameter, worker/sample._set_content). GPU graphs keep the code the last passing GPU smoke ran
+# (CONTRIBUTING.md) until one passes with them: the smoke of 2026-12-07 on the H100 ran them (the decode step's A/A
+# no longer `raised`; corpus 31 decisions, 0 false rejections) but ended FAIL, its training flow cut by its wall limit.
+CARRIED_STATE_DEVICES = ("cpu",)
+
+
+def carried_state_guarded(device) -> bool:
+    return str(device).split(":")[0] in CARRIED_STATE_DEVICES
+
+
 def state_horizon(meta: dict) -> int | None:
     """For a graph that updates a parameter in place (one buffer for every set, carrying state from call to call:
     a KV cache's position counter, an optimizer's step), the most calls the gate makes from the captured state
@@ -37,8 +48,9 @@ def state_horizon(meta: dict) -> int | None:
     state a call starts from is one the program's own calls reached. Beyond them a counter runs where the program
     never took it: a decode step's cache position past the cache's end (on the H100, the gate's 128 warm-up calls
     of 64 buffer sets indexed a 64-token cache out of bounds; "device-side assert triggered", an honest original
-    rejected as `raised`). None: no such input (no limit)."""
-    if not (updated_indices(meta) & parameter_indices(meta)):
+    rejected as `raised`). None: no such input (no limit), or a graph on a device the guard does not cover yet
+    (carried_state_guarded)."""
+    if not carried_state_guarded(meta.get("device", "cpu")) or not (updated_indices(meta) & parameter_indices(meta)):
         return None
     gap = meta.get("program_gap") if isinstance(meta.get("program_gap"), dict) else {}
     try:

@@ -18,6 +18,7 @@ import torch
 
 from tilesmith.capture.tensors import span_numel
 from tilesmith.gate import clock
+from tilesmith.gate.inputs import carried_state_guarded
 from tilesmith.gate.worker.setup import _device_sync, _updated, restart
 from tilesmith.gate.worker.state import State
 from tilesmith.gate.worker.tensors import PRIMS, _refill, _to_cpu, outputs_digest, snapshot as _snapshot
@@ -316,7 +317,8 @@ def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:
         if i in st.shared:  # one buffer for every set, and the same content in each: nothing to refill ...
             if b == 0 and i in updated:  # ... but where the graph updates it: each sample starts from its content
                 _refill(dst, src)
-                if seed is not None and isinstance(dst, torch.Tensor) and dst.dtype.is_floating_point:
+                if (seed is not None and isinstance(dst, torch.Tensor) and dst.dtype.is_floating_point
+                        and carried_state_guarded(st.device)):
                     _perturb(dst, seed, b, i)
             continue
         _refill(dst, src)

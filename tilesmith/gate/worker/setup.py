@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from tilesmith.gate.inputs import parameter_indices, trees_static, updated_indices
+from tilesmith.gate.inputs import carried_state_guarded, parameter_indices, trees_static, updated_indices
 from tilesmith.gate.worker import patches, seccomp
 from tilesmith.gate.worker.fingerprint import process_state
 from tilesmith.gate.worker.state import State
@@ -141,7 +141,7 @@ def restart(st: State, role: str) -> None:
     from the captured state (sample._set_content), no call runs from a state the program's own calls never reached.
     Their content is the same in every pool set and never perturbed: nothing a sample will read."""
     pool = st.pool.get(role)
-    if not pool:
+    if not pool or not carried_state_guarded(st.device):
         return
     for i in st.shared & set(_updated(st)):
         x = st.bufs[role][0][i]
