@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from tilesmith.capture.tensors import span_numel
 from tilesmith.gate import procfs
-from tilesmith.gate.inputs import parameter_indices, updated_indices
+from tilesmith.gate.inputs import parameter_indices, rescaled_parameters, updated_indices
 
 MAX_BYTES = 16 << 30  # written per sample, at most
 
@@ -56,6 +56,7 @@ class Refill:
         self.inputs = (meta or {}).get("inputs") or []
         self.shared = parameter_indices(meta) if meta else set()
         self.updated = updated_indices(meta) if meta else set()
+        self.rescaled = rescaled_parameters(meta, "cpu") if meta else set()  # a stopped worker is a CPU one
 
     def write(self, pid: int, addresses: list, fill: list[int], perturb: int | None) -> int:
         """Write the sample's values into stopped process `pid`: buffer set b (its inputs at `addresses[b]`) gets
@@ -97,12 +98,13 @@ class Refill:
 
         if not isinstance(like, torch.Tensor) or not isinstance(src, torch.Tensor) or not span_numel(like):
             return None
-        if i in self.shared and not (b == 0 and i in self.updated):
+        if i in self.shared and not (b == 0 and (i in self.updated or i in self.rescaled)):
             return None  # one buffer for every set, the same content: nothing to refill (an updated one: at set 0)
         n = span_numel(like)
         flat = src.as_strided((n,), (1,), src.storage_offset()).clone()
-        if seed is None or like.dtype.is_complex or (i in self.shared and not like.dtype.is_floating_point):
-            return flat  # an updated parameter's integers stay as captured (a position, a step count)
+        if seed is None or like.dtype.is_complex or (i in self.shared and (i not in self.rescaled
+                                                                            or not like.dtype.is_floating_point)):
+            return flat  # a parameter's integers stay as captured (a position, a step count)
         info = self.inputs[i] if i < len(self.inputs) else {}
         g = torch.Generator(device="cpu").manual_seed((int(seed) * 1009 + b * 101 + i) % (1 << 62))
         if like.dtype.is_floating_point:

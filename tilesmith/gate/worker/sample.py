@@ -18,7 +18,6 @@ import torch
 
 from tilesmith.capture.tensors import span_numel
 from tilesmith.gate import clock
-from tilesmith.gate.inputs import carried_state_guarded
 from tilesmith.gate.worker.setup import _device_sync, _updated, restart
 from tilesmith.gate.worker.state import State
 from tilesmith.gate.worker.tensors import PRIMS, _refill, _to_cpu, outputs_digest, snapshot as _snapshot
@@ -306,20 +305,17 @@ def _set_content(st: State, bufs: list, content: list, seed, b: int) -> None:
     from memory: floats are scaled by 1 + 1e-2 * uniform(-1, 1) elementwise (signs and zeros kept),
     integers and bools drawn afresh inside their recorded [min, max] as the correctness sets draw them
     (the pool's few contents came back every few samples: a cache keyed on token ids answered from
-    memory, right on every checked call; tests/redteam.py). A parameter the graph updates in place (one
-    buffer for every set) is refilled at set 0, and its floats scaled too: its integers (a cache's position,
-    a step count) kept as captured. Unscaled, every sample of a decode step whose other inputs are a token and
-    a position (one recorded value each) replayed the same calls on the same values: a cache keyed on them
-    could answer a whole sample from memory, right on every checked call."""
+    memory, right on every checked call; tests/redteam.py). A parameter (one buffer for every set) the graph
+    updates in place is refilled at set 0; there the parameters of st.rescaled (inputs.rescaled_parameters: the
+    updated ones, and all where no other input can vary) get their floats scaled too, their integers kept."""
     inputs = (st.data.meta.get("inputs") if st.data else None) or [{}] * len(bufs)
     updated = _updated(st)
     for i, (dst, src) in enumerate(zip(bufs, content)):
         if i in st.shared:  # one buffer for every set, and the same content in each: nothing to refill ...
-            if b == 0 and i in updated:  # ... but where the graph updates it: each sample starts from its content
+            if b == 0 and (i in updated or i in st.rescaled):  # ... but there: each sample starts from its content
                 _refill(dst, src)
-                if (seed is not None and isinstance(dst, torch.Tensor) and dst.dtype.is_floating_point
-                        and carried_state_guarded(st.device)):
-                    _perturb(dst, seed, b, i)
+                if seed is not None and i in st.rescaled and isinstance(dst, torch.Tensor):
+                    _perturb(dst, seed, b, i)  # floats only
             continue
         _refill(dst, src)
         info = inputs[i] if i < len(inputs) else {}

@@ -24,6 +24,7 @@ class State:
         self.checks = []  # outputs of timed calls the parent chose to check (CPU copies)
         self.state0 = None  # process-state fingerprint taken before any wrapper code ran
         self.shared = set()  # input positions timed in one buffer for every buffer set (parameters)
+        self.rescaled = set()  # those of them refilled and scaled afresh before each sample (inputs.rescaled_parameters)
         self.patch0 = None  # gate.worker.patches.snapshot before candidate code ran
         self.watched = {}  # namespaces added to it: the globals of wrappers loaded before the candidate
         self.trees_fallback = {}  # role -> why it was asked for trees mode and timed in graph mode instead
