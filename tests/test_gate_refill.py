@@ -13,6 +13,7 @@ import torch
 
 from tilesmith.capture.tensors import span_numel
 from tilesmith.gate import refill
+from tilesmith.gate.inputs import rescaled_parameters
 from tilesmith.gate.worker.sample import _set_content
 from tilesmith.gate.worker.state import State
 from tilesmith.gate.worker.tensors import _to_device
@@ -57,6 +58,8 @@ def test_the_parent_writes_the_values_the_workers_own_refill_gives(perturb):
     shared = {4, 5}
     st = State()
     st.data, st.shared = SimpleNamespace(meta=META), shared
+    st.rescaled = rescaled_parameters(META, "cpu")  # as the worker's time_setup sets it: the updated parameter, 5
+    assert st.rescaled == {5}
     st.pool["candidate"] = [[_to_device(x, "cpu") for x in c] for c in contents]
     theirs, ours = _buffers(contents, shared, 4), _buffers(contents, shared, 4)
     for s in ours:  # the parent's write must not lean on what a buffer held before
