@@ -24,7 +24,7 @@ from tilesmith.gate.clock import (ARMED_MARK, HELLO_MARK, LAYOUT_CHUNK, LAYOUT_M
                                   WINDOW_MARK)
 from tilesmith.gate.freeze import supported as freeze_supported
 from tilesmith.gate.worker import audit
-from tilesmith.gate.procfs import process_tree, tree_cpu_ns
+from tilesmith.gate.procfs import tree_cpu_ns
 from tilesmith.launch.secrets import redact
 
 class WorkerFailure(Exception):
