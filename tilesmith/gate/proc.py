@@ -11,8 +11,6 @@ import secrets
 import select
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -20,8 +18,8 @@ import time
 from pathlib import Path
 
 from tilesmith.launch import sandbox
-from tilesmith.gate.clock import (ARMED_MARK, HELLO_MARK, LAYOUT_CHUNK, LAYOUT_MARK, LAYOUT_PART, VALUES_GO,
-                                  WINDOW_MARK)
+from tilesmith.gate import marksock
+from tilesmith.gate.clock import ARMED_MARK, HELLO_MARK, LAYOUT_MARK, LAYOUT_PART, VALUES_GO, WINDOW_MARK
 from tilesmith.gate.freeze import supported as freeze_supported
 from tilesmith.gate.worker import audit
 from tilesmith.gate.procfs import tree_cpu_ns
@@ -59,38 +57,7 @@ def openmp_wait(env: dict) -> dict:
     return out
 
 
-_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value where Python does not name it
 MAX_LAYOUT_PARTS = 256  # a timed sample's outputs' layout, in LAYOUT_CHUNK datagrams, at most (4 MiB)
-_SO_PASSCRED, _SCM_CREDENTIALS = getattr(socket, "SO_PASSCRED", 16), getattr(socket, "SCM_CREDENTIALS", 2)
-
-
-def _mark_socket():
-    """(ours, theirs): a datagram socket pair whose receiving end gets each datagram's send time from the kernel
-    (SO_TIMESTAMPNS): the parent's own measure of a worker's timed windows, which neither the worker's clock nor
-    how soon the parent wakes can move. (None, None) where the platform cannot timestamp them."""
-    try:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    except (AttributeError, OSError):
-        return None, None
-    try:
-        ours.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-        ours.setblocking(False)
-    except OSError:
-        ours.close()
-        theirs.close()
-        return None, None
-    return ours, theirs
-
-
-def _passes_creds(sock) -> bool:
-    """Ask the kernel for the sender's pid, as seen from here, on each datagram of `sock` (the process gate/freeze.py
-    reads); False where it will not (no sample stops for that read then: a layout datagram without its sender is
-    refused)."""
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, _SO_PASSCRED, 1)
-        return sock.getsockopt(socket.SOL_SOCKET, _SO_PASSCRED) == 1
-    except OSError:
-        return False
 
 
 class Worker:
@@ -109,10 +76,10 @@ class Worker:
         r, w = os.pipe()
         self._log = open(self.log_path, "wb")
         # Window marks (clock.WINDOW_MARK) come on a datagram socket the kernel timestamps as each is sent.
-        self._marks_sock, theirs = _mark_socket()
+        self._marks_sock, theirs = marksock.pair()
         # Where samples stop for the parent's read (gate/freeze.py), each datagram comes with its sender's pid: asked
         # for before the worker starts, so its first one (clock.HELLO_MARK, sent before it loads anything) has it.
-        stops = self._marks_sock is not None and freeze_supported(device) and _passes_creds(self._marks_sock)
+        stops = self._marks_sock is not None and freeze_supported(device) and marksock.passes_creds(self._marks_sock)
         fds = (w,) + ((theirs.fileno(),) if theirs is not None else ())
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", *map(str, fds)]
         env = openmp_wait({**worker_env(self.dir, device), "TILESMITH_GATE_DEVICE": device})
@@ -318,19 +285,11 @@ class Worker:
         out = []
         while True:
             try:
-                data, anc, _, _ = self._marks_sock.recvmsg(LAYOUT_CHUNK + 64,
-                                                           socket.CMSG_SPACE(16) + socket.CMSG_SPACE(12))
+                data, ts, pid = marksock.receive(self._marks_sock)
             except (BlockingIOError, InterruptedError):
                 return out
             except OSError:
                 return out + [-1]
-            ts, pid = -1, None
-            for level, kind, raw in anc:
-                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
-                    sec, ns = struct.unpack("qq", raw[:16])
-                    ts = sec * 1_000_000_000 + ns
-                elif level == socket.SOL_SOCKET and kind == _SCM_CREDENTIALS and len(raw) >= 12:
-                    pid = struct.unpack("iII", raw[:12])[0]
             if data[:1] in (LAYOUT_MARK, LAYOUT_PART):  # the outputs' layout, sent as the worker waits to be stopped
                 self._parts.append(data[1:])
                 if self._layout is not None or not pid or len(self._parts) > MAX_LAYOUT_PARTS:
