@@ -204,7 +204,7 @@ def _stage_sum(stage_seconds: dict, suffixes: tuple) -> float:
 def gate_trials(graph: Path, candidate: Path, n: int, policy_kw: dict, seed0: int, budget_s: float) -> list[dict]:
     """Full decisions, at least one, then more while the budget lasts."""
     from tilesmith.gate import Policy, judge
-    from tilesmith.gate.proc import calm_spares, default_spares, keep_spares
+    from tilesmith.gate.spares import calm_spares, default_spares, keep_spares
 
     rows, start = [], time.monotonic()
     with keep_spares(default_spares()) as spares:  # as in the optimize driver: workers started ahead of decisions

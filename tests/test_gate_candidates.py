@@ -169,7 +169,7 @@ def test_graph_timing_sizes_its_samples_again_from_the_original_timed_alone_in_i
     the original's own per-call time asks for, with the buffer sets set up again where they must grow."""
     from types import SimpleNamespace as NS
 
-    from tilesmith.gate import proc, sizing
+    from tilesmith.gate import sizing, spares
     from tilesmith.gate.timed import resized
     from tilesmith.gate.inputs import parameter_indices
     from tilesmith.gate.original import save_sets, timing_contents
@@ -179,7 +179,7 @@ def test_graph_timing_sizes_its_samples_again_from_the_original_timed_alone_in_i
     policy = _policy(target_sample_ms=50.0)
     meta, data = load_graph_json(inf_graph), load_graph_data(inf_graph)
     contents, shared = timing_contents(meta, data.inputs, 1, policy), parameter_indices(meta)
-    w = proc.start_worker("timer", tmp_path, "cpu", (inf_graph,))
+    w = spares.start_worker("timer", tmp_path, "cpu", (inf_graph,))
     try:
         w.request({"op": "load", "graph_dir": str(inf_graph), "baseline": True, "device": "cpu"}, 600)
         reps, buffers = sizing.sample_size(policy, 500e6, contents, shared)  # "0.5 s a call": one call a sample

@@ -1,4 +1,4 @@
-"""Spare gate workers (tilesmith.gate.proc.keep_spares): started ahead of need, handed out once and
+"""Spare gate workers (tilesmith.gate.spares.keep_spares): started ahead of need, handed out once and
 fresh, never handed out into a different environment, all gone when the block ends."""
 
 from __future__ import annotations
@@ -7,27 +7,27 @@ import os
 
 import pytest
 
-from tilesmith.gate import proc
+from tilesmith.gate import spares
 
 
-def _wait_ready(spares: proc.Spares) -> list:
-    spares.calm()
-    return [s for pool in spares._pool.values() for s in pool]
+def _wait_ready(pool: spares.Spares) -> list:
+    pool.calm()
+    return [s for started in pool._pool.values() for s in started]
 
 
 @pytest.mark.slow
 def test_a_started_spare_is_handed_out_once_and_the_pool_refills(tmp_path):
-    with proc.keep_spares(1) as pool:
-        first = proc.start_worker("reference", tmp_path, "cpu", spares=pool)  # none started yet: a new worker
+    with spares.keep_spares(1) as pool:
+        first = spares.start_worker("reference", tmp_path, "cpu", spares=pool)  # none started yet: a new worker
         assert _wait_ready(pool) == []
         pool.refill("cpu")  # a decision is over: the next one's worker starts
         (spare,) = _wait_ready(pool)
         assert spare.error is None and spare.worker is not first
-        second = proc.start_worker("candidate", tmp_path, "cpu", spares=pool)
+        second = spares.start_worker("candidate", tmp_path, "cpu", spares=pool)
         assert second is spare.worker and second.name == "candidate"
         assert second.request({"op": "ready"}, 60)["ok"]  # started, nothing loaded: it answers at once
         assert _wait_ready(pool) == []  # taken, not yet replaced
-        assert proc.start_worker("other", tmp_path, "cpu") is not second  # no pool passed: a new worker
+        assert spares.start_worker("other", tmp_path, "cpu") is not second  # no pool passed: a new worker
         pool.refill("cpu")
         (refill,) = _wait_ready(pool)
         assert refill is not spare
@@ -41,16 +41,16 @@ def test_a_started_spare_is_handed_out_once_and_the_pool_refills(tmp_path):
 def test_a_spare_started_in_another_environment_or_for_another_graph_is_never_handed_out(tmp_path, monkeypatch):
     graph = tmp_path / "graph"
     graph.mkdir()
-    with proc.keep_spares(1) as pool:
+    with spares.keep_spares(1) as pool:
         pool.refill("cpu", (graph,))
         (spare,) = _wait_ready(pool)
-        w = proc.start_worker("candidate", tmp_path, "cpu", (), spares=pool)  # its sandbox reads another folder
+        w = spares.start_worker("candidate", tmp_path, "cpu", (), spares=pool)  # its sandbox reads another folder
         assert w is not spare.worker
         w.close()
         # What the worker would be started with changed (a value unlike the one it was started with, whatever the
         # environment running the tests set).
         monkeypatch.setenv("OMP_NUM_THREADS", "2" if os.environ.get("OMP_NUM_THREADS") == "1" else "1")
-        w = proc.start_worker("candidate", tmp_path, "cpu", (graph,), spares=pool)
+        w = spares.start_worker("candidate", tmp_path, "cpu", (graph,), spares=pool)
         try:
             assert w is not spare.worker
             pool.refill("cpu", (graph,))  # the stale spare is closed, never handed out
@@ -64,12 +64,12 @@ def test_spares_are_off_when_set_to_zero_and_a_bad_setting_is_a_clear_error(tmp_
     from tilesmith.errors import TilesmithError
 
     monkeypatch.setenv("TILESMITH_GATE_SPARES", "0")
-    assert proc.default_spares() == 0
-    with proc.keep_spares(proc.default_spares()) as pool:
+    assert spares.default_spares() == 0
+    with spares.keep_spares(spares.default_spares()) as pool:
         assert pool is None
     monkeypatch.setenv("TILESMITH_GATE_SPARES", "many")
     with pytest.raises(TilesmithError, match="TILESMITH_GATE_SPARES"):
-        proc.default_spares()
+        spares.default_spares()
 
 
 @pytest.mark.slow
@@ -83,7 +83,7 @@ def test_decisions_back_to_back_reuse_the_workers_that_ran_only_the_original(inf
     cand = tmp_path / "candidate.py"
     cand.write_text((graph / "wrapper.py").read_text())
     policy = dict(time_budget_s=2.0, confirm=False)
-    with proc.keep_spares(1) as pool:
+    with spares.keep_spares(1) as pool:
         first = judge(graph, cand, Policy(seed=0, **policy), spares=pool)
         kept = dict(pool._kept)
         assert sorted(k[0] for k in kept) == ["reference", "timer"]

@@ -290,14 +290,14 @@ def test_profiled_gaps_count_the_programs_waits_beyond_what_an_empty_window_show
 
 def test_the_worker_marks_each_window_on_a_timestamped_socket_and_sees_the_socket_pointed_elsewhere(tmp_path, monkeypatch):
     """gate/worker/sample.py op_time sends a mark as the window opens and as it closes; the kernel's send times span the
-    reported sample (proc._mark_socket). A call that points the socket's descriptor elsewhere (os.dup2), as a cheat
+    reported sample (marksock.pair). A call that points the socket's descriptor elsewhere (os.dup2), as a cheat
     sending its own closing mark would, makes the sample timing-forged."""
     from tilesmith.errors import TilesmithError
-    from tilesmith.gate import proc
+    from tilesmith.gate import marksock, proc
     from tilesmith.gate.worker import sample, setup
     from tilesmith.gate.worker.state import State
 
-    ours, theirs = proc._mark_socket()
+    ours, theirs = marksock.pair()
     if ours is None:
         pytest.skip("no timestamped datagram sockets here")
     st_ = os.fstat(theirs.fileno())

@@ -21,7 +21,7 @@ from typing import Callable, Literal
 from tilesmith import paths, runs
 from tilesmith import workspace as wsmod
 from tilesmith.errors import TilesmithError
-from tilesmith.gate.proc import default_spares, keep_spares
+from tilesmith.gate.spares import default_spares, keep_spares
 from tilesmith.search import Candidate, Optimizer, Track
 from tilesmith.settings import current as settings_now
 from tilesmith.workspace import write_json
@@ -139,7 +139,7 @@ class _Run:
     save: Callable  # save(t: TrackResult | None): run.json with t's row updated
     note: Callable  # the caller's on_event(kind, **fields)
     timing_lock: threading.Lock = field(default_factory=threading.Lock)  # measurements never overlap
-    spares: object = None  # the pool of started gate workers (gate.proc.keep_spares), passed to every decision
+    spares: object = None  # the pool of started gate workers (gate.spares.keep_spares), passed to every decision
 
     def expired(self) -> bool:
         return self.stop.is_set() or (self.deadline is not None and time.monotonic() > self.deadline)

@@ -55,7 +55,7 @@ class Settings:
     web_search: str  # auto | on | off as given, lower case; default auto (web_search_mode checks it)
     sandbox: str  # auto | off | require as given, lower case; default auto (sandbox_mode checks it)
     fork_workers: str  # auto | on | off as given, lower case; default auto (fork_mode checks it)
-    gate_spares: str | None  # gate workers started ahead, as given; None when unset (gate/proc.py reads the number)
+    gate_spares: str | None  # gate workers started ahead, as given; None when unset (gate/spares.py reads the number)
     relower: str  # auto | 1/on/true | 0/off/false, as given; default auto
     relower_only: str  # comma-separated words; "" keeps every variant
     native_dir: str | None  # where the replay's C address check is built; None or "" for the default

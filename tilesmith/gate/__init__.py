@@ -20,7 +20,8 @@ from tilesmith.gate.context import DecisionContext, StageClock
 from tilesmith.gate.original import Reference, load_raw, save_sets
 from tilesmith.gate import refill as parent_refill, timed
 from tilesmith.gate.modes import own_replay, resolve_mode, role_modes
-from tilesmith.gate.proc import WorkerFailure, usable_cores
+from tilesmith.gate.proc import WorkerFailure
+from tilesmith.gate.spares import usable_cores
 from tilesmith.gate.verdict import MODES, STAGES, Pass, Policy, Reason, SetCorrectness, Timing, Verdict
 from tilesmith.workspace import load_graph_json
 
@@ -31,7 +32,7 @@ __all__ = ["judge", "Policy", "Verdict", "Reason", "Pass", "SetCorrectness", "Ti
 def judge(graph_dir, candidate_path, policy: Policy | None = None, on_progress=None, spares=None) -> Verdict:
     """Judge one candidate wrapper for a captured graph; never raises for a bad candidate, only for bad usage.
 
-    on_progress(stage, message) is called as stages start. spares: a pool from gate.proc.keep_spares whose
+    on_progress(stage, message) is called as stages start. spares: a pool from gate.spares.keep_spares whose
     started workers this decision may take (None: every worker starts fresh).
     """
     from tilesmith.launch import sandbox
@@ -162,7 +163,7 @@ class _Prepared:
     which is timed beside it as well as apart, in a worker where candidate code never runs."""
 
     def __init__(self, ctx: DecisionContext):
-        from tilesmith.gate.proc import start_worker
+        from tilesmith.gate.spares import start_worker
 
         self.worker = start_worker("candidate", ctx.scratch, ctx.device, (ctx.gdir,), ctx.spares)
         self.error = None

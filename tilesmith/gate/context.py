@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tilesmith.gate.proc import Spares
+from tilesmith.gate.spares import Spares
 from tilesmith.gate.verdict import Policy, Reason
 
 
@@ -48,7 +48,7 @@ class DecisionContext:
     mode: str  # the graph's timing mode, "launch" or "graph" (gate.modes.resolve_mode)
     note: Callable[[str, str], None]  # on_progress(stage, message), a no-op without one
     clock: StageClock  # wall seconds per step, into the verdict's stage_seconds
-    spares: Spares | None  # started workers this decision may take (gate.proc.keep_spares); None: every one fresh
+    spares: Spares | None  # started workers this decision may take (gate.spares.keep_spares); None: every one fresh
     modes: dict[str, str]  # role ("candidate", "baseline") -> its timing mode where not `mode` (gate.modes.role_modes)
     warnings: list[Reason]  # the verdict's own list (Verdict.warnings), changed in place
     specials: dict[int, list]  # seed -> its special-value input sets [(name, inputs)] (gate.inputs.special_sets)

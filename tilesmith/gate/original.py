@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tilesmith.errors import TilesmithError
 from tilesmith.gate.context import DecisionContext
-from tilesmith.gate.proc import calm_spares
+from tilesmith.gate.spares import calm_spares
 from tilesmith.gate.verdict import Policy
 from tilesmith.workspace import WRAPPER_FILE
 
@@ -99,7 +99,8 @@ class Reference:
         self._thread.start()
 
     def _worker(self, role: str, ctx: DecisionContext, gdir: Path):
-        from tilesmith.gate.proc import Worker, start_worker
+        from tilesmith.gate.proc import Worker
+        from tilesmith.gate.spares import start_worker
 
         spares = ctx.spares
         if spares is None:
@@ -113,7 +114,8 @@ class Reference:
     def _restart(self, ctx: DecisionContext, gdir: Path):
         """A fresh reference worker, loaded, in place of the one closed when the original failed on the
         special-value sets (a failed request ends its worker)."""
-        from tilesmith.gate.proc import Worker, start_worker
+        from tilesmith.gate.proc import Worker
+        from tilesmith.gate.spares import start_worker
 
         self.worker.close()
         if self._closing.is_set():  # killed by close(), not failed on its own: nothing to go on with

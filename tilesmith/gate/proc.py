@@ -1,34 +1,29 @@
 """Worker processes for the gate: a fresh interpreter per worker, a scrubbed environment, a private
-result pipe, timeouts that kill the whole process group, and every failure turned into a reason."""
+result pipe, timeouts that kill the whole process group, and every failure turned into a reason. Workers started
+ahead of need, and those kept between decisions: gate/spares.py."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import secrets
 import select
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import weakref
 from pathlib import Path
 
 from tilesmith.launch import sandbox
-from tilesmith import settings
-from tilesmith.gate.clock import (ARMED_MARK, HELLO_MARK, LAYOUT_CHUNK, LAYOUT_MARK, LAYOUT_PART, VALUES_GO,
-                                  WINDOW_MARK)
+from tilesmith.gate import marksock
+from tilesmith.gate.clock import ARMED_MARK, HELLO_MARK, LAYOUT_MARK, LAYOUT_PART, VALUES_GO, WINDOW_MARK
 from tilesmith.gate.freeze import supported as freeze_supported
 from tilesmith.gate.worker import audit
-from tilesmith.gate.procfs import process_tree, tree_cpu_ns
-from tilesmith.launch.secrets import is_secret, redact
+from tilesmith.gate.procfs import tree_cpu_ns
+from tilesmith.launch.secrets import redact
 
 class WorkerFailure(Exception):
     """The worker crashed, hung, raised or answered nonsense; `code` is the gate's reason code."""
@@ -62,38 +57,7 @@ def openmp_wait(env: dict) -> dict:
     return out
 
 
-_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value where Python does not name it
 MAX_LAYOUT_PARTS = 256  # a timed sample's outputs' layout, in LAYOUT_CHUNK datagrams, at most (4 MiB)
-_SO_PASSCRED, _SCM_CREDENTIALS = getattr(socket, "SO_PASSCRED", 16), getattr(socket, "SCM_CREDENTIALS", 2)
-
-
-def _mark_socket():
-    """(ours, theirs): a datagram socket pair whose receiving end gets each datagram's send time from the kernel
-    (SO_TIMESTAMPNS): the parent's own measure of a worker's timed windows, which neither the worker's clock nor
-    how soon the parent wakes can move. (None, None) where the platform cannot timestamp them."""
-    try:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    except (AttributeError, OSError):
-        return None, None
-    try:
-        ours.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-        ours.setblocking(False)
-    except OSError:
-        ours.close()
-        theirs.close()
-        return None, None
-    return ours, theirs
-
-
-def _passes_creds(sock) -> bool:
-    """Ask the kernel for the sender's pid, as seen from here, on each datagram of `sock` (the process gate/freeze.py
-    reads); False where it will not (no sample stops for that read then: a layout datagram without its sender is
-    refused)."""
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, _SO_PASSCRED, 1)
-        return sock.getsockopt(socket.SOL_SOCKET, _SO_PASSCRED) == 1
-    except OSError:
-        return False
 
 
 class Worker:
@@ -112,10 +76,10 @@ class Worker:
         r, w = os.pipe()
         self._log = open(self.log_path, "wb")
         # Window marks (clock.WINDOW_MARK) come on a datagram socket the kernel timestamps as each is sent.
-        self._marks_sock, theirs = _mark_socket()
+        self._marks_sock, theirs = marksock.pair()
         # Where samples stop for the parent's read (gate/freeze.py), each datagram comes with its sender's pid: asked
         # for before the worker starts, so its first one (clock.HELLO_MARK, sent before it loads anything) has it.
-        stops = self._marks_sock is not None and freeze_supported(device) and _passes_creds(self._marks_sock)
+        stops = self._marks_sock is not None and freeze_supported(device) and marksock.passes_creds(self._marks_sock)
         fds = (w,) + ((theirs.fileno(),) if theirs is not None else ())
         cmd = [sys.executable, "-m", "tilesmith.gate.worker", *map(str, fds)]
         env = openmp_wait({**worker_env(self.dir, device), "TILESMITH_GATE_DEVICE": device})
@@ -321,19 +285,11 @@ class Worker:
         out = []
         while True:
             try:
-                data, anc, _, _ = self._marks_sock.recvmsg(LAYOUT_CHUNK + 64,
-                                                           socket.CMSG_SPACE(16) + socket.CMSG_SPACE(12))
+                data, ts, pid = marksock.receive(self._marks_sock)
             except (BlockingIOError, InterruptedError):
                 return out
             except OSError:
                 return out + [-1]
-            ts, pid = -1, None
-            for level, kind, raw in anc:
-                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
-                    sec, ns = struct.unpack("qq", raw[:16])
-                    ts = sec * 1_000_000_000 + ns
-                elif level == socket.SOL_SOCKET and kind == _SCM_CREDENTIALS and len(raw) >= 12:
-                    pid = struct.unpack("iII", raw[:12])[0]
             if data[:1] in (LAYOUT_MARK, LAYOUT_PART):  # the outputs' layout, sent as the worker waits to be stopped
                 self._parts.append(data[1:])
                 if self._layout is not None or not pid or len(self._parts) > MAX_LAYOUT_PARTS:
@@ -411,199 +367,3 @@ class Worker:
 
     def __exit__(self, *exc):
         self.close()
-
-
-# -- spares ------------------------------------------------------------------------------------
-# Starting a worker (an interpreter, torch, a CUDA context) is most of a decision's wall time: seconds
-# on CPU, 7-11 s on an H200 host. When decisions run back to back (the optimize driver), interpreters
-# are started ahead of need. Each is handed out once, and fresh: it has run its imports and nothing
-# else (no wrapper, no candidate). One is handed out only if the environment it would be started with
-# now is the one it was started with; otherwise a new worker starts as before.
-
-
-class _Spare:
-    def __init__(self, device: str, home: Path, fingerprint: str, readable: tuple):
-        self.device, self.fingerprint = device, fingerprint
-        self.worker = Worker("spare", home, device, readable)
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._ready, daemon=True)
-        self._thread.start()
-
-    def _ready(self) -> None:
-        try:
-            self.worker.request({"op": "ready"}, 300.0)
-        except BaseException as e:  # a spare that cannot start is dropped; a fresh worker is used instead
-            self.error = e
-
-    def idle(self) -> None:
-        self._thread.join()
-
-    @property
-    def ready(self) -> bool:
-        """Started, answered, and still alive: it may be handed out."""
-        return not self._thread.is_alive() and self.error is None and self.worker.proc.poll() is None
-
-
-class Spares:
-    """Up to `per_device` started workers per device, refilled when a decision ends (see above). A
-    spare's sandbox can read the graph folder it was started for: it is handed out for that graph only."""
-
-    def __init__(self, per_device: int):
-        self.per_device = per_device
-        self._home = Path(tempfile.mkdtemp(prefix="tilesmith-spares-"))
-        self._lock = threading.Lock()
-        self._pool: dict[str, list[_Spare]] = {}
-        self._kept: dict[tuple, Worker] = {}  # (role, key) -> a worker that has run only the original
-        self._closed = False
-        _LIVE.add(self)
-
-    @property
-    def home(self) -> Path:
-        """Where the pool's workers keep their folders: outside any one decision's scratch folder."""
-        return self._home
-
-    # Workers that run only trusted code (the original: the reference worker, the timer) carry nothing a
-    # candidate did and are reused by the next decision on the same graph with the same baseline: a
-    # decision then starts one interpreter (its candidate's) instead of three.
-    KEEP_PER_ROLE = 2
-
-    def reuse(self, role: str, key: tuple) -> "Worker | None":
-        """The worker kept for (role, key), if one is, still alive, and was started in this environment."""
-        with self._lock:
-            w = self._kept.pop((role, key), None)
-        if w is not None and w.proc.poll() is None:
-            return w
-        if w is not None:
-            w.close()
-        return None
-
-    def keep(self, role: str, key: tuple, worker: "Worker") -> None:
-        """Keep `worker` (it ran only the original, and is idle) for the next decision with the same key;
-        the oldest of the role's kept workers goes beyond KEEP_PER_ROLE."""
-        drop = []
-        with self._lock:
-            if self._closed or worker.proc.poll() is not None:
-                drop.append(worker)
-            else:
-                old = self._kept.pop((role, key), None)
-                drop += [old] if old is not None else []
-                self._kept[(role, key)] = worker
-                same = [k for k in self._kept if k[0] == role]
-                for k in same[:max(0, len(same) - self.KEEP_PER_ROLE)]:
-                    drop.append(self._kept.pop(k))
-        for w in drop:
-            w.close()
-
-    def trusted_key(self, device: str, readable: tuple, *parts) -> tuple:
-        """A kept worker's key: the environment it would start with now, and what it loaded."""
-        return (_env_fingerprint(device, readable), device, *parts)
-
-    def take(self, name: str, scratch: Path, device: str, readable: tuple = ()) -> "Worker":
-        fp = _env_fingerprint(device, readable)
-        with self._lock:
-            pool = self._pool.setdefault(device, [])
-            spare = next((s for s in pool if s.fingerprint == fp and s.ready), None)
-            if spare is not None:
-                pool.remove(spare)
-        if spare is None:
-            return Worker(name, scratch, device, readable)
-        spare.worker.name = name
-        return spare.worker
-
-    def refill(self, device: str, readable: tuple = ()) -> None:
-        """Start spares up to the pool's size. Called when a decision is over, so they start while the
-        optimizer prepares its next candidate, not while this decision measures."""
-        with self._lock:
-            self._fill(device, _env_fingerprint(device, readable), tuple(readable))
-
-    def _fill(self, device: str, fp: str, readable: tuple) -> None:
-        if self._closed:
-            return
-        pool = self._pool.setdefault(device, [])
-        for s in [s for s in pool if s.fingerprint != fp or s.error is not None]:  # stale: never handed out
-            pool.remove(s)
-            s.worker.close()
-        while len(pool) < self.per_device:
-            pool.append(_Spare(device, self._home, fp, readable))
-
-    def calm(self) -> None:
-        """Wait until no spare is starting (a starting interpreter would disturb a measurement)."""
-        with self._lock:
-            starting = [s for pool in self._pool.values() for s in pool]
-        for s in starting:
-            s.idle()
-
-    def close(self) -> None:
-        _LIVE.discard(self)
-        with self._lock:
-            self._closed = True
-            spares = [s for pool in self._pool.values() for s in pool]
-            self._pool.clear()
-            kept, self._kept = list(self._kept.values()), {}
-        for w in kept:
-            w.close()
-        for s in spares:
-            s.worker.kill()
-            s.idle()
-            s.worker.close()
-        shutil.rmtree(self._home, ignore_errors=True)
-
-
-# Pools alive now, only so that a measurement anywhere (the tuner's screen, a profile) can wait for
-# interpreters still starting. Which worker a decision gets depends only on the pool passed to judge().
-_LIVE: "weakref.WeakSet[Spares]" = weakref.WeakSet()
-
-
-def _env_fingerprint(device: str, readable: tuple = ()) -> str:
-    items = sorted((k, v) for k, v in os.environ.items() if not is_secret(k))
-    return hashlib.sha256(json.dumps([device, items, [str(p) for p in readable], sandbox.mode()]).encode()).hexdigest()
-
-
-def start_worker(name: str, scratch: Path, device: str = "cpu", readable: tuple = (),
-                 spares: Spares | None = None) -> "Worker":
-    """A worker for one role of one decision: a started spare from `spares` when given, else a new one."""
-    return spares.take(name, scratch, device, readable) if spares is not None else Worker(name, scratch, device, readable)
-
-
-def calm_spares() -> None:
-    """Before any measurement: wait for spares still starting, in every live pool."""
-    for pool in list(_LIVE):
-        pool.calm()
-
-
-def default_spares() -> int:
-    """TILESMITH_GATE_SPARES, else one decision's worth (reference, first pass, confirmation) on a
-    machine with 4 or more cores and one on a smaller machine, where starting interpreters compete
-    with the decision for the same cores."""
-    given = settings.current().gate_spares
-    if given is not None:
-        try:
-            return max(0, int(given))
-        except ValueError:
-            from tilesmith.errors import TilesmithError
-
-            raise TilesmithError(f"TILESMITH_GATE_SPARES={given!r} is not a number", code="usage",
-                                 hint="set it to 0 (off) or the number of workers to keep started") from None
-    return 3 if usable_cores() >= 4 else 1
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask, else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-@contextlib.contextmanager
-def keep_spares(per_device: int):
-    """A pool of `per_device` started workers per device for the block (None when off): pass it to
-    judge(..., spares=pool) for decisions that run back to back."""
-    if per_device <= 0:
-        yield None
-        return
-    pool = Spares(per_device)
-    try:
-        yield pool
-    finally:
-        pool.close()

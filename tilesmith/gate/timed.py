@@ -12,7 +12,7 @@ from tilesmith import settings
 from tilesmith.gate import cpulease, refill
 from tilesmith.gate.context import DecisionContext
 from tilesmith.gate.original import Reference, load_raw, save_sets
-from tilesmith.gate.proc import calm_spares
+from tilesmith.gate.spares import calm_spares
 from tilesmith.gate.verdict import Pass, Reason
 
 

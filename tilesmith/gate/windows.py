@@ -1,6 +1,6 @@
 """The deciding process's own clock for a worker's timed samples, which nothing inside the worker's process can
 move: the time the parent wrote each sample's request, and the kernel's timestamps of the marks the worker sends as
-the sample's window opens and closes (proc._mark_socket). The number the worker reports is never used to decide.
+the sample's window opens and closes (gate/marksock.py). The number the worker reports is never used to decide.
 And its word on whether the original's samples could be measured at all (`implausible`).
 
 A sample's time is its marked window; on the CPU it ends instead when the parent stops the worker after the closing

@@ -18,7 +18,7 @@ from tilesmith.launch import sandbox
 from tilesmith.launch.secrets import redact, redact_obj
 from tilesmith.errors import TilesmithError
 from tilesmith.gate import procfs
-from tilesmith.gate.proc import calm_spares
+from tilesmith.gate.spares import calm_spares
 from tilesmith.workspace import graph_devices
 
 BUSY_SHARE = 0.25  # a profile whose run saw some task wait for a CPU this share of the time or more: flagged

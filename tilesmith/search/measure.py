@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tilesmith.launch import sandbox
 from tilesmith.launch.secrets import redact_obj
-from tilesmith.gate.proc import calm_spares
+from tilesmith.gate.spares import calm_spares
 from tilesmith.workspace import graph_devices
 
 

@@ -144,7 +144,7 @@ def lower_variants(graph_dir: str | Path, variants: list[Variant], *, jobs: int 
                    timeout_s: float = 600.0, stop=None) -> list[Lowered]:
     """Lower the graph under each variant, `jobs` worker processes at a time; results in input order.
     `stop()` true (the track's time limit) ends the workers still running; their variants are skipped."""
-    from tilesmith.gate.proc import usable_cores
+    from tilesmith.gate.spares import usable_cores
 
     jobs = jobs or max(1, usable_cores())
     results: list[Lowered | None] = [None] * len(variants)

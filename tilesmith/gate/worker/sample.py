@@ -246,7 +246,7 @@ def _window_args(reps: int, snapshot, prims, error, freeze: bool = False, filled
     moved = (tuple, map) + (_DISPATCH or (None, None, (), (), ()))
     tools = (_clock_ns, _spin, _device_sync, _urandom, snapshot, prims, _TENSOR, type, isinstance, int.from_bytes,
              (list, tuple), range(reps), error, moved)
-    # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (proc._mark_socket),
+    # The parent's own measure of the window: a datagram the kernel timestamps as it is sent (gate/marksock.py),
     # and a check that the descriptor still is that socket (none where op_time runs without a parent, in a test).
     marks = ((functools.partial(_write, _MARK_FD, clock.WINDOW_MARK), functools.partial(_same_file, os.fstat, _MARK_FD,
                                                                                        _MARK_ID),
