@@ -58,7 +58,7 @@ def test_the_parent_writes_the_values_the_workers_own_refill_gives(perturb):
     shared = {4, 5}
     st = State()
     st.data, st.shared = SimpleNamespace(meta=META), shared
-    st.rescaled = rescaled_parameters(META, "cpu")  # as the worker's time_setup sets it: the updated parameter, 5
+    st.rescaled = rescaled_parameters(META)  # as the worker's time_setup sets it: the updated parameter, 5
     assert st.rescaled == {5}
     st.pool["candidate"] = [[_to_device(x, "cpu") for x in c] for c in contents]
     theirs, ours = _buffers(contents, shared, 4), _buffers(contents, shared, 4)

@@ -33,10 +33,10 @@ def test_a_lookup_whose_token_never_varies_has_its_weights_rescaled(lookup_graph
     from tilesmith.gate.inputs import parameter_indices, rescaled_parameters
 
     meta = json.loads((lookup_graph / "graph.json").read_text())
-    assert rescaled_parameters(meta, "cpu") == parameter_indices(meta) != set()
+    assert rescaled_parameters(meta) == parameter_indices(meta) != set()
     moved = {**meta, "inputs": [{**d, "range": {"min": 0, "max": 511}} if not d.get("parameter") else d
                                 for d in meta["inputs"]]}
-    assert rescaled_parameters(moved, "cpu") == set()  # a token that varies: the weights stay as captured
+    assert rescaled_parameters(moved) == set()  # a token that varies: the weights stay as captured
 
 
 def test_a_memo_keyed_on_a_probe_of_the_inputs_is_not_accepted_and_the_original_is_not_faster(lookup_graph, tmp_path):

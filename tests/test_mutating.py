@@ -214,8 +214,7 @@ def test_state_horizon_is_the_programs_own_call_count_where_a_parameter_carries_
     assert state_horizon({"inputs": inputs, "mutated_inputs": [1], "program_gap": {"calls": 3}}) is None  # refilled each sample
     assert state_horizon({"inputs": inputs, "mutated_inputs": [0], "program_gap": {"calls": 3}}) == 3
     assert state_horizon({"inputs": inputs, "mutated_inputs": [0]}) == 1  # an older capture: one call from the state
-    # GPU graphs keep the code the last passing GPU smoke ran until one passes with the guards (gate/inputs.py)
-    assert state_horizon({"inputs": inputs, "mutated_inputs": [0], "program_gap": {"calls": 3}, "device": "cuda:0"}) is None
+    assert state_horizon({"inputs": inputs, "mutated_inputs": [0], "program_gap": {"calls": 3}, "device": "cuda:0"}) == 3
     sets = [("a", [])]
     assert sizing.sample_size(Policy(target_sample_ms=2.0), 1e4, sets, set()) == (64, 64)
     assert sizing.sample_size(Policy(target_sample_ms=2.0), 1e4, sets, set(), horizon=3) == (3, 4)

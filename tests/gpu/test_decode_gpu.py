@@ -1,8 +1,8 @@
 """A decode step that writes a static KV cache in place, on CUDA under reduce-overhead (tests/fixtures/decode_step.py):
 its original judged against itself, and tilesmith's whole-call replay of it. On the H100 (2026-12-07) the original
 against itself had `raised` ("device-side assert triggered": the gate's 128 warm-up calls of 64 buffer sets took the
-cache's position counter past its 64 tokens); with the guards on carried state (gate/inputs.py state_horizon, for
-CPU graphs on main until a GPU smoke passes with them: GPU_GUARDS_PENDING) it passed there. The replay was rejected
+cache's position counter past its 64 tokens); with the guards on carried state (gate/inputs.py state_horizon,
+gate/worker/setup.restart) it passed there. The replay was rejected
 as `wrong-values-in-timing` on every run so far ("call 16" / "call 24 of the timed stream ... differ"), while the
 replay alone, fed the same rotating stream below, matches the plain call: not understood (next: the same judgement in
 launch and in graph timing). Not part of `make gpu-smoke`:

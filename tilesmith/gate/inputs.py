@@ -30,28 +30,14 @@ def updated_indices(meta: dict) -> set[int]:
     return {int(i) for i in meta.get("mutated_inputs") or []}
 
 
-# Guards added since the last passing GPU smoke (state_horizon; worker/setup.restart; rescaled_parameters) apply to CPU
-# graphs only while this is True: GPU graphs keep the code that smoke ran (CONTRIBUTING.md) until one passes with
-# them. The smoke of 2026-12-07 on the H100 ran the first three (the decode step's A/A no longer `raised`; corpus 31
-# decisions, 0 false rejections) but ended FAIL, its training flow cut by its wall limit.
-GPU_GUARDS_PENDING = True
-
-
-def guards_apply(device) -> bool:
-    return not (GPU_GUARDS_PENDING and str(device).startswith("cuda"))
-
-
-def rescaled_parameters(meta: dict, device) -> set[int]:
+def rescaled_parameters(meta: dict) -> set[int]:
     """The parameters (one buffer for every set) whose floats the gate scales afresh before each timed sample, as it
     does every other input's: those the graph updates in place (their integers, a position or a step count, kept),
     and all of them where no other input can vary (each an integer or bool with one recorded value, or a float
     that is all zeros: scaling keeps zeros). Otherwise every sample replays the same values: a decode step's
     (token, position, cache refilled unchanged) and a one-token lookup's (token id 47 each call) were accepted
     answering from memory by a probe of their inputs (tests/redteam_updates.remembers_the_step_by_its_state;
-    tests/redteam.remembers_outputs_by_address_and_first_value measured 5.8x). Empty where the guards do not apply
-    (guards_apply)."""
-    if not guards_apply(device):
-        return set()
+    tests/redteam.remembers_outputs_by_address_and_first_value measured 5.8x)."""
     params = parameter_indices(meta)
     still = all(_still(d) for j, d in enumerate(meta.get("inputs") or []) if j not in params)
     return set(params) if still else params & updated_indices(meta)
@@ -75,9 +61,8 @@ def state_horizon(meta: dict) -> int | None:
     state a call starts from is one the program's own calls reached. Beyond them a counter runs where the program
     never took it: a decode step's cache position past the cache's end (on the H100, the gate's 128 warm-up calls
     of 64 buffer sets indexed a 64-token cache out of bounds; "device-side assert triggered", an honest original
-    rejected as `raised`). None: no such input (no limit), or a graph on a device the guard does not cover yet
-    (guards_apply)."""
-    if not guards_apply(meta.get("device", "cpu")) or not (updated_indices(meta) & parameter_indices(meta)):
+    rejected as `raised`). None: no such input (no limit)."""
+    if not (updated_indices(meta) & parameter_indices(meta)):
         return None
     gap = meta.get("program_gap") if isinstance(meta.get("program_gap"), dict) else {}
     try:

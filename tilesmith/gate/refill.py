@@ -56,7 +56,7 @@ class Refill:
         self.inputs = (meta or {}).get("inputs") or []
         self.shared = parameter_indices(meta) if meta else set()
         self.updated = updated_indices(meta) if meta else set()
-        self.rescaled = rescaled_parameters(meta, "cpu") if meta else set()  # a stopped worker is a CPU one
+        self.rescaled = rescaled_parameters(meta) if meta else set()
 
     def write(self, pid: int, addresses: list, fill: list[int], perturb: int | None) -> int:
         """Write the sample's values into stopped process `pid`: buffer set b (its inputs at `addresses[b]`) gets

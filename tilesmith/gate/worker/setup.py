@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from tilesmith.gate.inputs import guards_apply, parameter_indices, rescaled_parameters, trees_static, updated_indices
+from tilesmith.gate.inputs import parameter_indices, rescaled_parameters, trees_static, updated_indices
 from tilesmith.gate.worker import patches, seccomp
 from tilesmith.gate.worker.fingerprint import process_state
 from tilesmith.gate.worker.state import State
@@ -85,7 +85,7 @@ def op_time_setup(st: State, req: dict) -> dict:
     st.trees_fallback = {}  # this request's roles only (a kept worker times later decisions too)
     n = max(1, int(req.get("buffers") or len(contents)))
     st.shared = parameter_indices(st.data.meta) if st.data else set()
-    st.rescaled = rescaled_parameters(st.data.meta, st.device) if st.data else set()
+    st.rescaled = rescaled_parameters(st.data.meta) if st.data else set()
     updated = _updated(st)
     for role in req["roles"]:
         st.timed.pop(role, None)  # a second setup (more buffer sets): the old graphs go before new ones are made
@@ -142,7 +142,7 @@ def restart(st: State, role: str) -> None:
     from the captured state (sample._set_content), no call runs from a state the program's own calls never reached.
     Their content is the same in every pool set and never perturbed: nothing a sample will read."""
     pool = st.pool.get(role)
-    if not pool or not guards_apply(st.device):
+    if not pool:
         return
     for i in st.shared & set(_updated(st)):
         x = st.bufs[role][0][i]
