@@ -7,6 +7,7 @@ giving the same losses, statistics and weights as without them."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -83,6 +84,9 @@ def test_a_candidate_that_skips_or_repeats_an_update_is_rejected_for_it(ws, role
     assert static.screen(cheat) == [] and static.allowlist(cheat) == []  # only the gate's dynamic checks can see it
     v, _ = corpus.judged(g, cheat, tmp_path, "cheat")
     assert not v.accepted and code in v.codes, (v.stage, v.reasons)
+    if code == "wrong-values-in-timing":  # the reason names the value that differed, and by how much
+        (msg,) = [r.message for r in v.reasons if r.code == code]
+        assert re.search(r"\(value \d+ of \d+, \(.*\) \w+: values, worst difference \S+\)$", msg), msg
 
 
 def test_the_training_loop_with_artifacts_for_every_graph_ends_with_the_same_losses_and_state(ws, tmp_path):

@@ -224,10 +224,24 @@ def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list,
         for c, orig in zip(cs, ws):
             outs = g["outputs"][g["calls"].index(c)]
             p.timing.checked_calls += 1
-            if len(outs) != len(orig) or any(not compare_values(a, b).ok for a, b in zip(outs, orig)):
+            what = _first_difference(outs, orig, compare_values)
+            if what:
                 return [Reason("wrong-values-in-timing", f"call {s.start + c} of the timed stream returned outputs "
-                                                         "that differ from the original's on the same inputs")]
+                                                         f"that differ from the original's on the same inputs ({what})")]
     return []
+
+
+def _first_difference(outs: list, orig: list, compare_values) -> str:
+    """Which value of a checked call differs first, and how: '' where none does. Its outputs come first, then the
+    inputs it updates in place (as gate/worker/checks.py lists them)."""
+    if len(outs) != len(orig):
+        return f"{len(outs)} values where the original has {len(orig)}"
+    for k, (a, b) in enumerate(zip(outs, orig)):
+        v = compare_values(a, b)
+        if not v.ok:
+            shape = f"{tuple(b.shape)} {str(b.dtype).removeprefix('torch.')}" if hasattr(b, "shape") else type(b).__name__
+            return f"value {k} of {len(orig)}, {shape}: {v.why or 'values'}, worst difference {v.abs_error:.3g}"
+    return ""
 
 
 def _kept_ok(g, s, reps: int) -> bool:
