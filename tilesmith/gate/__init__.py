@@ -1,9 +1,10 @@
 """The gate: `judge(graph_dir, candidate_path, policy) -> Verdict`, proving a candidate wrapper correct
 and faster than the original, stage by stage, cheapest first (DESIGN.md "The gate").
 
-Candidate code runs only in worker subprocesses (gate/worker.py via gate/proc.py). The original's
-outputs come from a separate reference worker that never loads the candidate, and every comparison
-and statistic is computed here, from raw tensors and raw nanosecond samples.
+Candidate code runs only in worker subprocesses (the package gate/worker, started and spoken to by gate/proc.py,
+kept warm by gate/spares.py). The original's outputs come from a separate reference worker that never loads the
+candidate, and every comparison and statistic is computed here, from raw tensors and raw nanosecond samples and
+the kernel's timestamps of each timed window's marks (gate/windows.py, gate/marksock.py).
 """
 
 from __future__ import annotations
