@@ -217,7 +217,7 @@ def _measured(v: Verdict, seed: int, named_sets: list, contents: list, ctx: Deci
             prep.close()
         rejected = {r.code for r in v.reasons[reasons:]}
         slow = None if ok or retries[0] <= 0 or rejected != {"not-faster"} else readings.slow_worker(
-            p.timing, ctx.policy.min_improvement, ctx.device)
+            p.timing, ctx.policy.min_improvement)
         if slow is None:
             return ok
         retries[0] -= 1

@@ -4,7 +4,6 @@ machine lost, which the gate measures again (gate/__init__.py _measured)."""
 
 from __future__ import annotations
 
-import statistics
 
 from tilesmith.gate.timing import Estimate, estimate
 from tilesmith.gate.verdict import Reason, Timing
@@ -50,21 +49,16 @@ def warnings(t: Timing, policy, per_call_ns: float) -> list[Reason]:
 SLOW_WORKER = 1.15
 
 
-def slow_worker(t: Timing | None, min_improvement: float, device: str = "cpu") -> float | None:
+def slow_worker(t: Timing | None, min_improvement: float) -> float | None:
     """beside_speedup / apart_speedup (how many times slower the candidate's worker ran the original than the original's
     own worker did, read through the same candidate samples), in a pass whose candidate was not shown faster apart
     and read faster than the bar beside the original (its median; the bound may not have cleared yet when the apart
-    comparison ended the pass), where that is SLOW_WORKER or more; else None. A GPU graph's pass (`device` cuda) is
-    read as the GPU smoke of 77fe93b ran it, until a smoke has run this reading: the ratio of the original's raw-sample
-    medians in the two workers."""
+    comparison ended the pass), where that is SLOW_WORKER or more; else None."""
     if t is None or not t.beside_ns or not t.baseline_ns or t.beside_speedup <= 1 + min_improvement:
         return None
     if t.apart_low > 1 + min_improvement or t.apart_speedup <= 0:
         return None
-    if str(device).startswith("cuda"):
-        slow = statistics.median(t.beside_ns) / max(statistics.median(t.baseline_ns), 1)
-    else:
-        slow = t.beside_speedup / t.apart_speedup
+    slow = t.beside_speedup / t.apart_speedup
     return slow if slow >= SLOW_WORKER else None
 
 
