@@ -66,6 +66,26 @@ def test_a_reduce_overhead_original_is_timed_through_the_trees_against_a_candida
     assert role_modes(v, "graph", text.encode(), None) == {} and role_modes(v, "launch", own, None) == {}
 
 
+def test_the_originals_checks_read_a_kept_call_as_the_candidates_own_timing_mode_held_it(inference_ws):
+    """Launch timing holds a kept call's outputs, and the inputs it updated in place, until the sample ends; the
+    original's checks must read them the same way (late) wherever the candidate ran in launch mode: on a graph
+    compiled with CUDA graphs that is a candidate replaying itself. Read by the graph's mode instead, a decode step's
+    replay had its cache, held to the sample's end, compared with the original's as the kept call left it:
+    `wrong-values-in-timing` on every GPU run (tests/gpu/test_decode_gpu.py)."""
+    from tests.gate_helpers import decision_context
+    from tilesmith.gate.modes import role_modes
+    from tilesmith.gate.timed import kept_late
+    from tilesmith.gate.verdict import Verdict
+
+    text = (h.graph_of(inference_ws) / "wrapper.py").read_text()
+    own = tuner.graphed_text(text).encode()
+    replaying = role_modes(Verdict(False, "timing", "k", ""), "graph", own, None)
+    assert kept_late(decision_context(mode="graph", modes=replaying))
+    assert not kept_late(decision_context(mode="graph", modes={}))  # copied inside the sample, as the graph keeps them
+    assert not kept_late(decision_context(mode="graph", modes={"candidate": "trees", "baseline": "trees"}))
+    assert kept_late(decision_context(mode="launch", modes={}))
+
+
 
 def test_a_candidate_that_does_not_replay_itself_runs_through_the_trees_as_the_original_where_each_call_has_its_inputs(
         inference_ws, tmp_path):

@@ -215,9 +215,8 @@ def _timing_checks(p: Pass, ctx: DecisionContext, w, ref: Reference, kept: list,
     save_sets(f, contents, torch)  # the pass's pool and buffers, in the worker that runs the original
     ref.worker.request({"op": "time_setup", "sets_file": str(f), "roles": ["baseline"], "mode": "launch",
                         "buffers": buffers}, policy.call_timeout_s)
-    # late: launch timing holds a kept call's outputs without a copy (gate/worker/checks.py, _sample_replayed)
     ref.worker.request({"op": "original_checks", "samples": samples, "out_file": str(o), "bufs_role": "baseline",
-                        "late": ctx.mode == "launch"}, policy.call_timeout_s)
+                        "late": kept_late(ctx)}, policy.call_timeout_s)
     want = load_raw(o, torch)
     p.timing.checked_calls = 0  # counted as compared: a rejected pass says how many calls were checked
     for g, s, cs, ws in zip(got, kept, calls, want):
@@ -242,6 +241,17 @@ def _first_difference(outs: list, orig: list, compare_values) -> str:
             shape = f"{tuple(b.shape)} {str(b.dtype).removeprefix('torch.')}" if hasattr(b, "shape") else type(b).__name__
             return f"value {k} of {len(orig)}, {shape}: {v.why or 'values'}, worst difference {v.abs_error:.3g}"
     return ""
+
+
+def kept_late(ctx: DecisionContext) -> bool:
+    """Whether the candidate's kept calls were read as the sample's last call left them: in launch timing its worker
+    holds a kept call's outputs, and the inputs that call updated in place, without a copy until the sample ends
+    (gate/worker/checks.py _sample_replayed reads the original's the same way). The candidate's own mode decides,
+    not the graph's: a candidate that replays its own CUDA graph is timed in launch mode on a graph compiled with CUDA
+    graphs (gate/modes.py role_modes). Read by the graph's mode, a decode step's whole-call replay had its held cache
+    compared, as the sample's last call left it, with the original's as the kept call left it, and was rejected as
+    `wrong-values-in-timing` on every run on the H100 and H200."""
+    return ctx.modes.get("candidate", ctx.mode) == "launch"
 
 
 def _kept_ok(g, s, reps: int) -> bool:
