@@ -1,7 +1,8 @@
 """A diagnostic, not a test: the CUDA decode step (tests/fixtures/decode_step.py, reduce-overhead) captured into
 $PROBE_WS (default /tmp/probe-ws), then its original (or, with PROBE_REPLAY=1, tilesmith's whole-call replay of it)
 judged against the original in each timing mode named, printing every reason and each gate worker's error lines.
-Found the cache run out of bounds (2026-12-07); next, the replay's `wrong-values-in-timing`:
+Found the cache run out of bounds and, with it, the replay's `wrong-values-in-timing` (the gate's checks read by the
+graph's timing mode, not the replay's: gate.timed.kept_late), both 2026-12-07:
 
     PROBE_REPLAY=1 python tests/gpu/probe_decode.py launch graph
 """

@@ -2,11 +2,10 @@
 its original judged against itself, and tilesmith's whole-call replay of it. On the H100 (2026-12-07) the original
 against itself had `raised` ("device-side assert triggered": the gate's 128 warm-up calls of 64 buffer sets took the
 cache's position counter past its 64 tokens); with the guards on carried state (gate/inputs.py state_horizon,
-gate/worker/setup.restart) it passed there. The replay was rejected
-as `wrong-values-in-timing` on every run so far ("call 16" / "call 24 of the timed stream ... differ"), while the
-replay alone, fed the same rotating stream below, matches the plain call: not understood (next: the same judgement in
-launch and in graph timing). Not part of `make gpu-smoke`:
-`make gpu-test-run GPU_TESTS=tests/gpu/test_decode_gpu.py TAG=decode`."""
+gate/worker/setup.restart) it is rejected as not faster. The replay was rejected as `wrong-values-in-timing` on every
+run until the gate read the original's checks as the replay's own launch timing held its kept calls (gate.timed.
+kept_late: the cache held to the sample's end, not copied after the kept call); since, not faster (0.907x on the
+H100). Not part of `make gpu-smoke`: `make gpu-test-run GPU_TESTS=tests/gpu/test_decode_gpu.py TAG=decode`."""
 
 from __future__ import annotations
 
