@@ -67,7 +67,9 @@ def test_gate_rejects_the_original_itself_as_not_faster(inf_graph, tmp_path):
 
 
 def test_gate_accepts_a_candidate_that_is_genuinely_faster(slow_graph, tmp_path):
-    v = _judge(slow_graph, h.mm_instead_of_loops(_original(slow_graph)), tmp_path)
+    # decided again where a loaded machine hid the win (h.shown): beside another suite a 1.9x win read a lower bound
+    # of 0.82x in its pass (2026-12-07)
+    v = h.shown(lambda: _judge(slow_graph, h.mm_instead_of_loops(_original(slow_graph)), tmp_path))
     assert v.accepted, v.reasons
     assert v.stage == "confirmation" and v.reasons == []
     for p in (v.first, v.confirmation):
