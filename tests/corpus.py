@@ -108,9 +108,11 @@ def judged(graph: Path, text: str, tmp: Path, case: str, **policy):
     v = judge(graph, cand, Policy(**{"time_budget_s": 12.0, **policy}))
     problem = false_rejection(v, case)
     record(graph, case, v, problem, time.monotonic() - t0)
-    if case == "win" and gate_helpers.not_shown(v):
+    if (case == "win" and gate_helpers.not_shown(v)) or v.codes == ["unstable-timing"]:
         # Measured faster but not beyond the noise: on a loaded machine (another test suite beside this one) a 1.7x
-        # win read a lower bound of 0.92x. Judged once more, as a user would; both decisions are recorded.
+        # win read a lower bound of 0.92x. Or the gate declined to decide, naming the machine (an A/A beside another
+        # suite: the original ran 10x its time alone, twice). Judged once more, as a user would; both decisions are
+        # recorded.
         t0 = time.monotonic()
         v = judge(graph, cand, Policy(**{"time_budget_s": 12.0, **policy}))
         problem = false_rejection(v, case)
