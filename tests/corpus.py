@@ -102,21 +102,19 @@ def judged(graph: Path, text: str, tmp: Path, case: str, **policy):
     tmp.mkdir(parents=True, exist_ok=True)
     cand = tmp / f"{case}.py"
     cand.write_text(text)
-    t0 = time.monotonic()
     # A clear outcome stops sampling early (accepted, or futile); the budget only bounds a close call, which on a
     # loaded machine needs more samples (a 1.9x win read a lower bound of 0.83x after 6 s beside other test runs).
-    v = judge(graph, cand, Policy(**{"time_budget_s": 12.0, **policy}))
-    problem = false_rejection(v, case)
-    record(graph, case, v, problem, time.monotonic() - t0)
-    if (case == "win" and gate_helpers.not_shown(v)) or v.codes == ["unstable-timing"]:
-        # Measured faster but not beyond the noise: on a loaded machine (another test suite beside this one) a 1.7x
-        # win read a lower bound of 0.92x. Or the gate declined to decide, naming the machine (an A/A beside another
-        # suite: the original ran 10x its time alone, twice). Judged once more, as a user would; both decisions are
-        # recorded.
+    # Up to three decisions, each recorded, as a user would run it again: where a genuine win was measured faster but
+    # not beyond the noise (beside another suite a 1.7x win read a lower bound of 0.92x; a 1.5x win was not shown
+    # twice in a row, the second time 0.77x), or the gate declined to decide, naming the machine (an A/A beside another suite: the original ran 10x its
+    # time alone, twice).
+    for _ in range(3):
         t0 = time.monotonic()
         v = judge(graph, cand, Policy(**{"time_budget_s": 12.0, **policy}))
         problem = false_rejection(v, case)
         record(graph, case, v, problem, time.monotonic() - t0)
+        if not ((case == "win" and gate_helpers.not_shown(v)) or v.codes == ["unstable-timing"]):
+            break
     return v, problem
 
 
