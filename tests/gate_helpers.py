@@ -12,7 +12,7 @@ from pathlib import Path
 CLEAR = "        args.clear()\n"
 
 
-# The gate's word that the machine was too busy to time a decision (twice: it measures again once itself), which is
+# The gate's word that the machine was too busy to time a decision (in each of timing.UNSTABLE_PASSES passes), which is
 # what a decision of the original against itself may end with when two test suites share the 2 cores: not accepted,
 # and no verdict on the candidate. Tests of A/A decisions take it beside "not-faster".
 TOO_BUSY = ["unstable-timing"]

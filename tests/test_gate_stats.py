@@ -422,10 +422,26 @@ def test_an_original_measured_while_the_machine_was_busy_is_measured_again_never
     assert [r.code for r in reasons] == ["not-faster"] and t.speedup < 1.0  # the second pass, on a quiet machine
     w = _RegimeWorker(busy=10**6)  # busy for good
     t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0)
-    assert [r.code for r in reasons] == ["unstable-timing"] and "twice" in reasons[0].message
+    assert [r.code for r in reasons] == ["unstable-timing"] and "each of 3 passes" in reasons[0].message
     w = _RegimeWorker(busy=0)  # quiet: the first pass stands
     t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0)
     assert [r.code for r in reasons] == ["not-faster"] and w.seen < 200
+
+
+def test_load_that_outlasts_two_passes_is_waited_out_by_the_third(monkeypatch):
+    """Another job's load for two whole passes (a test run beside the gate): the third pass, quiet, decides; the two
+    before it are never used."""
+    w, passes = _RegimeWorker(busy=0), []
+    real = timing._sample_rounds
+
+    def counted(*a, **k):
+        passes.append(1)
+        w.busy = w.seen + (10**6 if len(passes) <= 2 else 0)  # this pass's original busy throughout, or quiet
+        return real(*a, **k)
+
+    monkeypatch.setattr(timing, "_sample_rounds", counted)
+    t, reasons, _ = timing.measure(w, w, Policy(time_budget_s=5.0), "launch", 1, 20_000.0)
+    assert len(passes) == 3 and [r.code for r in reasons] == ["not-faster"] and t.speedup < 1.0
 
 
 class _Stalls:

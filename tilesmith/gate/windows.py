@@ -87,7 +87,8 @@ def measured(worker, reply: dict, wall_ns: int, least_ns: int, filled: bool = Fa
 
 
 # The original's own samples say whether the machine let them be measured: one sample per call this many times its
-# time alone (and a millisecond more), and the pass is measured again; twice, and the decision is `unstable-timing`.
+# time alone (and a millisecond more), and the pass is measured again; in each
+# of timing.UNSTABLE_PASSES passes, and the decision is `unstable-timing`.
 # Seen on the 2-core machine with another job beside: the original's samples 28-48 ms thirteen times, then 0.02 ms
 # (its kernels sum to 0.014 ms), and a 0.8x candidate accepted at 1.43x on them. A finer test (thirds of the pass
 # whose medians differ 3x) fired on honest originals in the CPU suite, whose other test process comes and goes.
