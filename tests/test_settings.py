@@ -47,8 +47,8 @@ def test_unset_settings_take_their_documented_defaults():
     assert s.gate_refill is False  # the parent refills CPU samples where TILESMITH_GATE_REFILL=1 turns it on
     assert settings.current({"TILESMITH_GATE_REFILL": "0"}).gate_refill is False
     assert settings.current({"TILESMITH_GATE_REFILL": "1"}).gate_refill is True
-    assert s.gate_busy is False  # a busy machine's longer CPU pass where TILESMITH_GATE_BUSY=1 turns it on
-    assert settings.current({"TILESMITH_GATE_BUSY": "1"}).gate_busy is True
+    assert s.gate_busy is True  # a busy machine's longer CPU pass, unless TILESMITH_GATE_BUSY=0 turns it off
+    assert settings.current({"TILESMITH_GATE_BUSY": "0"}).gate_busy is False
     assert settings.current({"TILESMITH_IN_PLACE": "0"}).in_place is False
     assert settings.current({"TILESMITH_IN_PLACE": "1"}).in_place is True
 
