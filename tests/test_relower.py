@@ -243,3 +243,73 @@ def test_after_an_accepted_relowering_of_a_graph_inductor_replays_the_replay_of_
     next(gen)
     gen.close()  # the tuner's time limit: the re-lowering search is closed with it
     assert closed == [True]
+
+
+# Inductor's shape of a wrapper with graph partitions (torch/_inductor/codegen/wrapper.py codegen_partition_call): the
+# caller builds `partitionN_args` and the partition unpacks it in the same order.
+_PARTITIONED = '''
+def partition_0(args):
+    {unpack} = args
+    args.clear()
+    buf0 = arg0_1 * 2 + arg2_1
+    buf1 = buf0 - arg1_1 * s0
+    return (buf1, )
+
+
+class Runner:
+    def __init__(self, partitions):
+        self.partitions = partitions
+
+    def call(self, args):
+        arg0_1, arg1_1, arg2_1 = args
+        args.clear()
+        s0 = 3
+        partition0_args = [{unpack}]
+        del arg0_1, arg1_1, arg2_1
+        (buf1, ) = self.partitions[0](partition0_args)
+        del partition0_args
+        return (buf1, )
+
+
+runner = Runner(partitions=[partition_0, ])
+call = runner.call
+'''
+
+
+def _run(src: str) -> dict:
+    ns: dict = {}
+    exec(compile(src, "<wrapper>", "exec"), ns)
+    return ns
+
+
+def test_a_rewritten_graphs_partition_inputs_are_put_in_the_originals_order():
+    """patchify-conv on the ViT on an H100 was refused as "changes the graph's ABI: graph partitions": the rewritten
+    graph's partition took the same inputs in another order, and Inductor's trees pass them by the original compile's
+    positions. The reordered source computes what it did, and reads right when called by the original's positions."""
+    from tilesmith.search.relower_worker import _partitions, in_original_order, partition_difference
+
+    orig = _PARTITIONED.format(unpack="arg0_1, arg2_1, arg1_1, s0")
+    new = _PARTITIONED.format(unpack="arg0_1, arg1_1, arg2_1, s0")
+    assert "same 3 graph inputs in another order (at position 1: arg1_1, the original arg2_1)" \
+        in partition_difference(new, orig)
+    fixed = in_original_order(new, orig)
+    assert _partitions(fixed) == _partitions(orig) and partition_difference(fixed, orig) == ""
+    a, b, c = 5.0, 7.0, 11.0
+    want = (a * 2 + c) - b * 3
+    assert _run(new)["call"]([a, b, c]) == _run(fixed)["call"]([a, b, c]) == (want, )
+    # the trees call the partition with the original compile's positions: (arg0_1, arg2_1, arg1_1, s0)
+    assert _run(fixed)["partition_0"]([a, c, b, 3]) == (want, )
+    assert _run(new)["partition_0"]([a, c, b, 3]) != (want, )  # what the check refuses: the inputs swapped
+
+
+def test_partitions_that_differ_otherwise_are_left_for_the_check_to_refuse():
+    from tilesmith.search.relower_worker import in_original_order, partition_difference
+
+    orig = _PARTITIONED.format(unpack="arg0_1, arg2_1, arg1_1, s0")
+    other = _PARTITIONED.format(unpack="arg0_1, arg2_1, arg1_1")  # one input fewer
+    assert in_original_order(other, orig) == other
+    assert "0 other inputs and 1 outputs, the original 1 and 1" in partition_difference(other, orig)
+    swapped = _PARTITIONED.format(unpack="arg0_1, arg2_1, arg3_1, s0")
+    assert in_original_order(swapped, orig) == swapped
+    assert "takes graph inputs arg3_1 the original's does not, and not arg1_1" in partition_difference(swapped, orig)
+    assert in_original_order(orig, orig) == orig and partition_difference(orig, orig) == ""

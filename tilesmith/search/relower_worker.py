@@ -25,24 +25,88 @@ _CONST_DECL = re.compile(r"^(\w+) = None  # device\(", re.M)
 _GRAPH_INPUT = re.compile(r"^(arg\d+_\d+|primals_\d+|tangents_\d+)$")
 
 
-def _partitions(src: str) -> list[tuple]:
-    """Per `partition_N` function: (the graph inputs it unpacks, how many other inputs, how many outputs)."""
+def _partition_args(src: str) -> dict[str, tuple[list[str], int, int | None]]:
+    """Per `partition_N` function: the names its first statement unpacks from `args` (in order), how many outputs
+    it returns, and the line of that statement (1-based; None where there is none)."""
     import ast
 
-    out = []
+    out = {}
     for node in ast.parse(src).body:
         if not (isinstance(node, ast.FunctionDef) and re.fullmatch(r"partition_\d+", node.name)):
             continue
-        names, n_out = [], 0
+        names, n_out, line = [], 0, None
         for st in ast.walk(node):
-            if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name) and st.value.id == "args" and not names:
+            if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name) and st.value.id == "args" and line is None:
                 t = st.targets[0]
                 names = [e.id for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name)]
+                line = st.lineno if st.end_lineno == st.lineno else None
             if isinstance(st, ast.Return) and st.value is not None:
                 n_out = len(st.value.elts) if isinstance(st.value, (ast.Tuple, ast.List)) else 1
-        graph = tuple(n for n in names if _GRAPH_INPUT.match(n))
-        out.append((node.name, graph, len(names) - len(graph), n_out))
+        out[node.name] = (names, n_out, line)
     return out
+
+
+def _partitions(src: str) -> list[tuple]:
+    """Per `partition_N` function: (the graph inputs it unpacks, how many other inputs, how many outputs)."""
+    out = []
+    for name, (names, n_out, _) in _partition_args(src).items():
+        graph = tuple(n for n in names if _GRAPH_INPUT.match(n))
+        out.append((name, graph, len(names) - len(graph), n_out))
+    return out
+
+
+def partition_difference(new_src: str, orig_src: str) -> str:
+    """How `new_src`'s graph partitions differ from the original's, in a few words ("" where they do not): which
+    partition, and whether the same graph inputs come in another order, other ones, or other counts."""
+    new, orig = dict((p[0], p[1:]) for p in _partitions(new_src)), dict((p[0], p[1:]) for p in _partitions(orig_src))
+    if list(new) != list(orig):
+        return f"partitions {', '.join(new) or 'none'}, the original {', '.join(orig) or 'none'}"
+    for name, (graph, others, n_out) in new.items():
+        g0, o0, n0 = orig[name]
+        if set(graph) != set(g0):
+            extra, missing = sorted(set(graph) - set(g0)), sorted(set(g0) - set(graph))
+            return (f"{name} takes graph inputs {', '.join(extra[:4]) or 'none'} the original's does not, and not "
+                    f"{', '.join(missing[:4]) or 'none'}")
+        if (others, n_out) != (o0, n0):
+            return f"{name}: {others} other inputs and {n_out} outputs, the original {o0} and {n0}"
+        if graph != g0:
+            i = next(i for i, (a, b) in enumerate(zip(graph, g0)) if a != b)
+            return (f"{name} takes the same {len(graph)} graph inputs in another order (at position {i}: {graph[i]}, "
+                    f"the original {g0[i]})")
+    return ""
+
+
+def in_original_order(new_src: str, orig_src: str) -> str:
+    """`new_src` with each graph partition's inputs in the original's order, where its partitions take the same graph
+    inputs as the original's, as many other inputs (buffers from partitions before it, sizes) and outputs, in another
+    order: both the partition's unpacking of `args` and the `partitionN_args = [...]` list its caller builds are
+    permuted alike, so the code computes what it did. Inductor's cudagraph trees route each partition's inputs by the
+    original compile's map (which position is which graph input), so only this order can run there. A rewrite that
+    changes which op reads an input first (a convolution as a reshape and a GEMM) changes the order Inductor emits.
+    Unchanged where the partitions differ otherwise (abi_problems says how)."""
+    new, orig = _partition_args(new_src), _partition_args(orig_src)
+    sig, sig0 = _partitions(new_src), _partitions(orig_src)
+    if sig == sig0 or [(n, set(g), o, k) for n, g, o, k in sig] != [(n, set(g), o, k) for n, g, o, k in sig0]:
+        return new_src  # nothing to do, or more than the order differs
+    lines = new_src.split("\n")
+    for name, (names, n_out, line) in new.items():
+        names0 = orig[name][0]
+        others = iter([n for n in names if not _GRAPH_INPUT.match(n)])
+        order = [n if _GRAPH_INPUT.match(n) else next(others) for n in names0]
+        if order == names:
+            continue
+        k = name.split("_")[1]
+        call = [i for i, x in enumerate(lines) if re.fullmatch(rf"\s*partition{k}_args = \[.*\]", x)]
+        if line is None or len(call) != 1 or sorted(order) != sorted(names) \
+                or re.fullmatch(r"\s*[\w, ]+ = args", lines[line - 1]) is None:
+            return new_src  # not the shape Inductor writes: left as it is, for the check to refuse
+        joined = ", ".join(order) + ("," if len(order) == 1 else "")
+        indent = re.match(r"\s*", lines[line - 1]).group(0)
+        lines[line - 1] = f"{indent}{joined} = args"
+        c = call[0]
+        lead = re.match(r"\s*", lines[c]).group(0)
+        lines[c] = f"{lead}partition{k}_args = [{joined}]"
+    return "\n".join(lines)
 
 
 def missing_configs(patch: dict) -> list[str]:
@@ -131,8 +195,7 @@ def abi_problems(gdir: Path, new_src: str) -> tuple[list[str], float | None]:
             problems.append(f"needs constant {name}, which the graph does not bind")
     if _partitions(new_src) != _partitions(orig):
         # Inductor's cudagraph trees route inputs and outputs per partition by the original compile's map
-        problems.append(f"graph partitions {_partitions(new_src)}, the original {_partitions(orig)} "
-                        "((graph inputs, other inputs, outputs) per partition)")
+        problems.append(f"its graph partitions differ from the original's: {partition_difference(new_src, orig)}")
     if problems:
         return problems, None
     mod = loading.load_module(new_src, data.constants)
@@ -173,6 +236,8 @@ def main(spec_file: str) -> dict:
     except Exception as e:  # Inductor could not lower under this config: a skipped variant, with the reason
         return {"ok": False, "reason": f"compile failed: {type(e).__name__}: {e}"[:400]}
     canon = source.canonicalize(src)
+    if rewrites.named(trace):  # a rewritten graph's partitions may take their inputs in another order
+        canon = in_original_order(canon, source.split_header((gdir / WRAPPER_FILE).read_text())[1])
     try:
         problems, err = abi_problems(gdir, canon)
     except Exception as e:
