@@ -184,8 +184,10 @@ def lower(gdir: Path, patch: dict, trace: str = ""):
     return cg.source_code, time.perf_counter() - t0
 
 
-def abi_problems(gdir: Path, new_src: str) -> tuple[list[str], float | None]:
-    """What in `new_src` breaks the graph's ABI; and the max abs error against the captured outputs."""
+def abi_problems(gdir: Path, new_src: str, explain: bool = False) -> tuple[list[str], float | None]:
+    """What in `new_src` breaks the graph's ABI; and the max abs error against the captured outputs. explain: say how
+    graph partitions differ in words (partition_difference) rather than as the two signatures (a rewrite's variant:
+    behind TILESMITH_REWRITES until a GPU run has checked it)."""
     data = loading.load_graph_data(gdir)
     orig = source.split_header((gdir / WRAPPER_FILE).read_text())[1]
     problems = []
@@ -195,7 +197,9 @@ def abi_problems(gdir: Path, new_src: str) -> tuple[list[str], float | None]:
             problems.append(f"needs constant {name}, which the graph does not bind")
     if _partitions(new_src) != _partitions(orig):
         # Inductor's cudagraph trees route inputs and outputs per partition by the original compile's map
-        problems.append(f"its graph partitions differ from the original's: {partition_difference(new_src, orig)}")
+        problems.append(f"its graph partitions differ from the original's: {partition_difference(new_src, orig)}"
+                        if explain else f"graph partitions {_partitions(new_src)}, the original {_partitions(orig)} "
+                        "((graph inputs, other inputs, outputs) per partition)")
     if problems:
         return problems, None
     mod = loading.load_module(new_src, data.constants)
@@ -236,10 +240,11 @@ def main(spec_file: str) -> dict:
     except Exception as e:  # Inductor could not lower under this config: a skipped variant, with the reason
         return {"ok": False, "reason": f"compile failed: {type(e).__name__}: {e}"[:400]}
     canon = source.canonicalize(src)
-    if rewrites.named(trace):  # a rewritten graph's partitions may take their inputs in another order
+    rewritten = bool(rewrites.named(trace))
+    if rewritten:  # a rewritten graph's partitions may take their inputs in another order
         canon = in_original_order(canon, source.split_header((gdir / WRAPPER_FILE).read_text())[1])
     try:
-        problems, err = abi_problems(gdir, canon)
+        problems, err = abi_problems(gdir, canon, explain=rewritten)
     except Exception as e:
         return {"ok": False, "reason": f"the re-lowered wrapper does not run: {type(e).__name__}: {e}"[:400],
                 "compile_s": secs}
