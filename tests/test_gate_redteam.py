@@ -173,7 +173,20 @@ def test_gate_rejects_a_cheat_the_screen_missed_for_the_right_reason(inf_graph, 
             break
         v = _judge(inf_graph, maker((inf_graph / "wrapper.py").read_text()), tmp_path)
     assert not v.accepted
+    if maker is redteam.degrades_every_kth_call and v.codes == ["not-faster"] and _clearly_slower(v):
+        # Its zero calls are the ones its call counter puts there; where the gate's cycle of warm-up and timed calls
+        # is a multiple of k, the timed calls are never those, and the cheat is then not faster either (its gain is on
+        # untimed calls). Beside another suite a sample's size came out so three decisions in a row (one suite run
+        # of five): rejected, as it must be, for that.
+        return
     assert v.codes == [code] and v.stage in ((stage,) if isinstance(stage, str) else stage), v.reasons
+
+
+def _clearly_slower(v) -> bool:
+    """A verdict whose timing found the candidate clearly not faster beside the original (its upper bound under the
+    bar), not merely unshown."""
+    t = v.first.timing if v.first else None
+    return bool(t) and any("clearly not faster" in r.message for r in v.reasons) and t.beside_speedup < 1.0
 
 
 @pytest.mark.parametrize("maker,code,stage", NEW_CHEATS + AUDIT_CHEATS + KERNEL_CHEATS,
