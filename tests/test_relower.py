@@ -313,3 +313,6 @@ def test_partitions_that_differ_otherwise_are_left_for_the_check_to_refuse():
     assert in_original_order(swapped, orig) == swapped
     assert "takes graph inputs arg3_1 the original's does not, and not arg1_1" in partition_difference(swapped, orig)
     assert in_original_order(orig, orig) == orig and partition_difference(orig, orig) == ""
+    # the same graph inputs in the same order among the other inputs, placed elsewhere: put where the original has them
+    moved = _PARTITIONED.format(unpack="s0, arg0_1, arg2_1, arg1_1")
+    assert in_original_order(moved, orig) == orig

@@ -86,8 +86,9 @@ def in_original_order(new_src: str, orig_src: str) -> str:
     Unchanged where the partitions differ otherwise (abi_problems says how)."""
     new, orig = _partition_args(new_src), _partition_args(orig_src)
     sig, sig0 = _partitions(new_src), _partitions(orig_src)
-    if sig == sig0 or [(n, set(g), o, k) for n, g, o, k in sig] != [(n, set(g), o, k) for n, g, o, k in sig0]:
-        return new_src  # nothing to do, or more than the order differs
+    if [(n, set(g), o, k) for n, g, o, k in sig] != [(n, set(g), o, k) for n, g, o, k in sig0]:
+        return new_src  # more than the order differs
+    # Each graph input goes where the original has it, among the other inputs too (which the signature leaves out).
     lines = new_src.split("\n")
     for name, (names, n_out, line) in new.items():
         names0 = orig[name][0]
