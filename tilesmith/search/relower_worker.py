@@ -48,10 +48,21 @@ def _partition_args(src: str) -> dict[str, tuple[list[str], int, int | None]]:
 
 def _partitions(src: str) -> list[tuple]:
     """Per `partition_N` function: (the graph inputs it unpacks, how many other inputs, how many outputs)."""
+    import ast
+
     out = []
-    for name, (names, n_out, _) in _partition_args(src).items():
+    for node in ast.parse(src).body:
+        if not (isinstance(node, ast.FunctionDef) and re.fullmatch(r"partition_\d+", node.name)):
+            continue
+        names, n_out = [], 0
+        for st in ast.walk(node):
+            if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name) and st.value.id == "args" and not names:
+                t = st.targets[0]
+                names = [e.id for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name)]
+            if isinstance(st, ast.Return) and st.value is not None:
+                n_out = len(st.value.elts) if isinstance(st.value, (ast.Tuple, ast.List)) else 1
         graph = tuple(n for n in names if _GRAPH_INPUT.match(n))
-        out.append((name, graph, len(names) - len(graph), n_out))
+        out.append((node.name, graph, len(names) - len(graph), n_out))
     return out
 
 
